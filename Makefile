@@ -1,0 +1,45 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# Both create .venv, install qviz with its test extras, and install Debian's graphviz when `dot`
+# is missing. Every step is skipped when it is already done.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.qviz-installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test lint bench system-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+system-deps:
+	@if ! command -v dot >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's graphviz (the dot binary)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; \
+	  else \
+	    echo "qviz needs Graphviz's 'dot' binary: install it with 'sudo apt-get install graphviz'" \
+	         "(Debian/Ubuntu), 'conda install -c conda-forge graphviz' or 'brew install graphviz'," \
+	         "then run make again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+run: $(STAMP) system-deps
+	$(BIN)/qviz
+
+lint: $(STAMP)
+	$(BIN)/ruff check qviz tests benchmarks notebooks
+
+test: $(STAMP) system-deps lint
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/calibrators.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,20 @@
+"""qviz: see, steer and trust PyTorch quantization from a notebook.
+
+The engine (``qviz.engine``) quantizes and records its decisions as plain data; the numeric suite
+(``qviz.numeric``) measures what quantization did. ``qviz.data`` holds the embedded default: a
+small CNN trained on scikit-learn's handwritten digits.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.tensor_quant import fake_tensor_quant
+    >>> fake_tensor_quant(torch.tensor([0.1, 1.0]), 1.0)
+    tensor([0.1024, 1.0000])
+    >>> issubclass(qviz.QvizError, Exception)
+    True
+"""
+
+from qviz.errors import CalibrationError, ConfigError, QuantizationError, QvizError
+
+__version__ = "0.1.0"
+
+__all__ = ["CalibrationError", "ConfigError", "QuantizationError", "QvizError", "__version__"]

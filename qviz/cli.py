@@ -1,0 +1,115 @@
+"""The ``qviz`` command.
+
+``qviz`` (or ``qviz calibrators``) runs the main job on the embedded digits model: it calibrates
+the weight and the input activation of every Conv/Linear layer with each method and prints what
+each picks. ``qviz train-digits`` re-trains the embedded model and rewrites its checkpoint.
+
+Example:
+    >>> main(["calibrators", "--methods", "max", "--batch-size", "16"])  # doctest: +ELLIPSIS
+    DigitsNet ... float test accuracy ...
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from qviz.errors import QvizError
+
+__all__ = ["main"]
+
+
+def _calibrators(args: argparse.Namespace) -> int:
+    from qviz.data import digits_loaders, digits_metadata, digits_model, evaluate
+    from qviz.numeric import compare_calibrators
+
+    model = digits_model()
+    loaders = digits_loaders(batch_size=args.batch_size)
+    accuracy = evaluate(model, loaders.test)
+    recorded = digits_metadata()["float_test_accuracy"]
+    print(
+        f"DigitsNet ({sum(p.numel() for p in model.parameters()):,} parameters): float test "
+        f"accuracy {accuracy:.2%} (recorded {recorded:.2%})"
+    )
+    images, _ = next(iter(loaders.calibration))
+    df = compare_calibrators(
+        model, images, args.methods, num_bits=args.num_bits, percentile=args.percentile
+    )
+    print(
+        f"Per-tensor {args.num_bits}-bit calibration on one batch of {len(images)} calibration "
+        f"images (scale = amax / {2 ** (args.num_bits - 1) - 1}; * = best SQNR for the tensor):\n"
+    )
+    table = df.assign(
+        clipped=df["clipped"].map(lambda v: f"{v:.3%}"),
+        best=df["best"].map(lambda b: "*" if b else ""),
+    ).rename(columns={"sqnr_db": "SQNR dB"})
+    print(
+        table.to_string(
+            index=False,
+            formatters={
+                "amax": "{:.4f}".format,
+                "scale": "{:.3e}".format,
+                "SQNR dB": "{:.2f}".format,
+            },
+        )
+    )
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+        print(f"\nwrote {args.csv}")
+    return 0
+
+
+def _train_digits(args: argparse.Namespace) -> int:
+    import torch
+
+    from qviz.data import save_digits_checkpoint, train_digits_model
+    from qviz.data.train import TrainConfig
+
+    model, accuracy = train_digits_model(progress=True)
+    meta = {
+        "float_test_accuracy": accuracy,
+        "recipe": TrainConfig.as_dict(),
+        "torch_version": torch.__version__.split("+")[0],
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    path = save_digits_checkpoint(model, meta, args.out)
+    print(f"float test accuracy {accuracy:.2%}; wrote {path} and its .json")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qviz", description="See, steer and trust quantization.")
+    sub = parser.add_subparsers(dest="command")
+    cal = sub.add_parser("calibrators", help="compare calibration methods on the digits model")
+    cal.add_argument("--batch-size", type=int, default=64, help="calibration batch size (64)")
+    cal.add_argument("--num-bits", type=int, default=8, help="bit width (8)")
+    cal.add_argument("--percentile", type=float, default=99.99, help="for 'percentile' (99.99)")
+    cal.add_argument(
+        "--methods", nargs="+", default=["max", "percentile", "entropy", "mse"], help="methods"
+    )
+    cal.add_argument("--csv", type=Path, help="also write the table as CSV")
+    cal.set_defaults(func=_calibrators)
+    train = sub.add_parser("train-digits", help="re-train the embedded digits model")
+    train.add_argument("--out", type=Path, default=None, help="folder (default: the data folder)")
+    train.set_defaults(func=_train_digits)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``qviz`` command; return its exit status."""
+    parser = _parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.command is None:
+        args = parser.parse_args(["calibrators"])
+    try:
+        return args.func(args)
+    except QvizError as exc:
+        print(f"qviz: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

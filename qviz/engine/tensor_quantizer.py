@@ -1,0 +1,231 @@
+"""TensorQuantizer: the nn.Module that calibrates and (fake-)quantizes one tensor.
+
+Example:
+    >>> import torch
+    >>> from qviz.engine.descriptor import QuantDescriptor
+    >>> tq = TensorQuantizer(QuantDescriptor(calib_method="percentile"))
+    >>> tq.disable_quant(); tq.enable_calib()
+    >>> _ = tq(torch.linspace(-1, 1, 2001))          # calibration pass: values flow through
+    >>> tq.load_calib_amax(percentile=99.9)
+    >>> tq.disable_calib(); tq.enable_quant()
+    >>> tq
+    TensorQuantizer(8bit fake per-tensor amax=0.9990 calibrator=HistogramCalibrator quant)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qviz.engine.calib import CalibMethod, Calibrator, HistogramCalibrator, MaxCalibrator
+from qviz.engine.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor, short_amax
+from qviz.engine.fake_quant import FakeTensorQuantFunction, TensorQuantFunction
+from qviz.errors import ConfigError, QvizError
+
+__all__ = ["TensorQuantizer"]
+
+
+def _make_calibrator(desc: QuantDescriptor) -> Calibrator:
+    common = {"name": desc.name, "skip_nonfinite": desc.skip_nonfinite}
+    if desc.calib_method == CalibMethod.MAX.value:
+        return MaxCalibrator(desc.num_bits, desc.axis, desc.unsigned, **common)
+    return HistogramCalibrator(desc.num_bits, desc.axis, desc.unsigned, desc.num_bins, **common)
+
+
+class TensorQuantizer(nn.Module):
+    """Calibrate and quantize a tensor as a :class:`QuantDescriptor` says.
+
+    In calibration mode (``enable_calib()``) every forward feeds the calibrator; in quant mode
+    (``enable_quant()``, the default) the input is (fake-)quantized with the loaded amax, or with
+    an amax computed from the input itself when none is loaded ("dynamic"). ``disable()`` turns
+    it into the identity.
+
+    Args:
+        quant_desc: how to quantize (bits, axis, calibration method, ...).
+        disabled: start as the identity.
+        if_quant: start in quant mode.
+        if_calib: start in calibration mode.
+
+    Example:
+        >>> import torch
+        >>> from qviz.engine.descriptor import QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
+        >>> w = torch.randn(4, 2, 3, 3)
+        >>> tq = TensorQuantizer(QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL)
+        >>> tq(w).shape, tq.axis
+        (torch.Size([4, 2, 3, 3]), (0,))
+    """
+
+    def __init__(
+        self,
+        quant_desc: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR,
+        disabled: bool = False,
+        if_quant: bool = True,
+        if_calib: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(quant_desc, QuantDescriptor):
+            raise ConfigError(
+                f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}"
+            )
+        self.quant_desc = quant_desc
+        self.name = quant_desc.name
+        self._disabled = bool(disabled)
+        self._if_quant = bool(if_quant)
+        self._if_calib = bool(if_calib)
+        self._scale: torch.Tensor | None = None
+        self._calibrator = _make_calibrator(quant_desc)
+        amax = None if quant_desc.amax is None else quant_desc.amax.clone()
+        self.register_buffer("_amax", amax)
+
+    # -- descriptor views -----------------------------------------------------------------------
+    @property
+    def num_bits(self) -> int:
+        return self.quant_desc.num_bits
+
+    @property
+    def unsigned(self) -> bool:
+        return self.quant_desc.unsigned
+
+    @property
+    def narrow_range(self) -> bool:
+        return self.quant_desc.narrow_range
+
+    @property
+    def fake_quant(self) -> bool:
+        return self.quant_desc.fake_quant
+
+    @property
+    def axis(self) -> tuple[int, ...] | None:
+        return self.quant_desc.axis
+
+    @property
+    def calibrator(self) -> Calibrator:
+        return self._calibrator
+
+    @property
+    def scale(self) -> torch.Tensor | None:
+        """The multiplier of the last integer (``fake_quant=False``) forward, else None."""
+        return self._scale
+
+    # -- amax -----------------------------------------------------------------------------------
+    @property
+    def amax(self) -> torch.Tensor | None:
+        """The loaded amax (None: computed from each input on the fly)."""
+        return self._amax
+
+    @amax.setter
+    def amax(self, value: float | torch.Tensor | None) -> None:
+        if value is None:
+            self._amax = None
+            return
+        value = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+        if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+            raise ConfigError(
+                f"{self._label()}: amax must be finite and >= 0, got {short_amax(value)}"
+            )
+        if self._amax is not None:
+            value = value.to(self._amax.device)
+        self._amax = value
+
+    def load_calib_amax(self, method: CalibMethod | str | None = None, **kwargs) -> None:
+        """Compute amax from what the calibrator collected and load it.
+
+        Args:
+            method: ``"max"``, ``"percentile"``, ``"entropy"`` or ``"mse"``; defaults to the
+                descriptor's ``calib_method``.
+            **kwargs: options of the method (``percentile=``, ``start_bin=``, ``stride=``).
+
+        Raises:
+            CalibrationError: the calibrator has seen no data.
+        """
+        method = method if method is not None else self.quant_desc.default_method
+        if method is None:
+            valid = ", ".join(repr(m.value) for m in CalibMethod)
+            raise ConfigError(
+                f"{self._label()} was described with calib_method='histogram', which has no "
+                f"default "
+                f"amax method: call load_calib_amax(method=...) with one of {valid}"
+            )
+        try:
+            self.amax = self._calibrator.compute_amax(method, **kwargs)
+        except QvizError as exc:
+            raise type(exc)(f"{self._label()}: {exc}") from exc
+
+    # -- modes ----------------------------------------------------------------------------------
+    def enable(self) -> None:
+        self._disabled = False
+
+    def disable(self) -> None:
+        self._disabled = True
+
+    def enable_quant(self) -> None:
+        self._if_quant = True
+
+    def disable_quant(self) -> None:
+        self._if_quant = False
+
+    def enable_calib(self) -> None:
+        self._if_calib = True
+
+    def disable_calib(self) -> None:
+        self._if_calib = False
+
+    # -- forward --------------------------------------------------------------------------------
+    def _current_amax(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._amax is not None:
+            amax = self._amax
+        elif self.axis is None:
+            amax = inputs.detach().abs().amax().float()
+        else:
+            keep = {a % inputs.dim() for a in self.axis}
+            reduce = [d for d in range(inputs.dim()) if d not in keep]
+            amax = inputs.detach().abs().amax(dim=reduce, keepdim=True).float()
+        if self.quant_desc.scale_amax is not None:
+            amax = amax * self.quant_desc.scale_amax
+        return amax
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self._disabled:
+            return inputs
+        try:
+            if self._if_calib:
+                self._calibrator.collect(inputs)
+            if not self._if_quant:
+                return inputs
+            amax = self._current_amax(inputs)
+            d = self.quant_desc
+            if d.fake_quant:
+                return FakeTensorQuantFunction.apply(
+                    inputs, amax, d.num_bits, d.unsigned, d.narrow_range
+                )
+            outputs, self._scale = TensorQuantFunction.apply(
+                inputs, amax, d.num_bits, d.unsigned, d.narrow_range, None
+            )
+            return outputs
+        except QvizError as exc:
+            raise type(exc)(f"{self._label()}: {exc}") from exc
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _label(self) -> str:
+        return f"TensorQuantizer {self.name!r}" if self.name else "TensorQuantizer"
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "_amax"
+        if key in state_dict and self._amax is None:  # a calibrated checkpoint into a fresh module
+            self._amax = torch.empty_like(state_dict[key])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        if self._disabled:
+            return "disabled"
+        d = self.quant_desc
+        s = f"{'unsigned ' if d.unsigned else ''}{d.num_bits}bit"
+        s += " narrow" if d.narrow_range else ""
+        s += " fake" if d.fake_quant else ""
+        s += f" axis={d.axis}" if d.axis is not None else " per-tensor"
+        s += f" amax={short_amax(self._amax)}"
+        s += f" *{d.scale_amax}" if d.scale_amax else ""
+        s += f" calibrator={type(self._calibrator).__name__}"
+        s += " quant" if self._if_quant else ""
+        s += " calib" if self._if_calib else ""
+        return s

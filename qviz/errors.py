@@ -1,0 +1,42 @@
+"""The exceptions qviz raises.
+
+Every error a user can reach is a :class:`QvizError`, so one ``except QvizError`` catches them
+all; each subclass also derives from the matching built-in (``ValueError``, ``RuntimeError``,
+``ImportError``) so code written against the built-ins keeps working. Messages name the thing
+that is wrong (the tensor, the argument) and say how to fix it.
+
+Example:
+    >>> from qviz.errors import ConfigError, QvizError
+    >>> issubclass(ConfigError, QvizError) and issubclass(ConfigError, ValueError)
+    True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CalibrationError",
+    "ConfigError",
+    "MissingDependencyError",
+    "QuantizationError",
+    "QvizError",
+]
+
+
+class QvizError(Exception):
+    """Base class of every error qviz raises on purpose."""
+
+
+class ConfigError(QvizError, ValueError):
+    """An argument or configuration value is invalid (unknown method, bad num_bits, ...)."""
+
+
+class QuantizationError(QvizError, ValueError):
+    """A tensor cannot be quantized as asked (negative values for unsigned, negative amax, ...)."""
+
+
+class CalibrationError(QvizError, RuntimeError):
+    """Calibration data is missing or unusable (nothing collected, NaN or Inf values, ...)."""
+
+
+class MissingDependencyError(QvizError, ImportError):
+    """An optional package or system program is needed for this feature and is not installed."""
