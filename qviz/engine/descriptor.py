@@ -144,6 +144,12 @@ class QuantDescriptor:
 
 
 def short_amax(amax: torch.Tensor | None) -> str:
+    """A short, tensor-free description of an amax: "dynamic", one value, or min, max and count.
+
+    Example:
+        >>> short_amax(torch.tensor([0.5, 2.0, 1.0]))
+        '[0.5000, 2.0000](3)'
+    """
     if amax is None:
         return "dynamic"
     if amax.numel() == 1:

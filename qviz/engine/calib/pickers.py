@@ -90,8 +90,11 @@ def percentile_amax(
         raise ConfigError(f"percentile must be in (0, 100], got {percentile!r}")
     cum = torch.cumsum(counts.to(torch.int64), dim=1)
     total = cum[:, -1:]
-    # integer target: the smallest count that is at least `percentile` % of the total
-    target = torch.ceil(total.to(torch.float64) * (float(percentile) / 100.0)).to(torch.int64)
+    # integer target: the smallest count that is at least `percentile` % of the total; a product
+    # that float rounding lifts just above an integer (200000 * 0.999) is snapped back to it
+    raw = total.to(torch.float64) * float(percentile) / 100.0
+    snapped = torch.where((raw - raw.round()).abs() <= 1e-9 * raw.clamp(min=1.0), raw.round(), raw)
+    target = torch.ceil(snapped).to(torch.int64)
     idx = torch.searchsorted(cum, target).clamp_(max=counts.shape[1] - 1).squeeze(1)
     width = hist_range.to(torch.float64) / counts.shape[1]
     amax = (idx + 1).to(torch.float64) * width
