@@ -45,3 +45,37 @@ def test_names_users_know_from_pytorch_quantization():
     )
 
     assert issubclass(qviz.ConfigError, ValueError)
+
+
+LAYERS = ["qviz.engine", "qviz.numeric", "qviz.viz", "qviz.widgets"]
+
+
+def _imports(path) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _folder(layer: str):
+    from pathlib import Path
+
+    return Path(qviz.__file__).parent / layer.split(".")[1]
+
+
+@pytest.mark.parametrize("layer", [layer for layer in LAYERS if _folder(layer).is_dir()])
+def test_dependencies_point_one_way(layer):
+    """engine <- numeric <- viz <- widgets: a layer never imports the layers above it."""
+    above = LAYERS[LAYERS.index(layer) + 1 :]
+    folder = _folder(layer)
+    assert any(folder.rglob("*.py"))
+    for path in sorted(folder.rglob("*.py")):
+        for name in _imports(path):
+            assert not name.startswith(tuple(above)), f"{path} imports {name}"
+            if layer == "qviz.engine":
+                assert name.split(".")[0] not in OPTIONAL, f"{path} imports {name}"
