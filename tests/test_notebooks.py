@@ -1,0 +1,116 @@
+"""The teaching notebooks: committed without outputs, and each runs top to bottom without error.
+
+Each notebook is executed with nbclient in a fresh kernel. The kernel is this very interpreter
+(a kernelspec written to a temporary ``JUPYTER_PATH`` points at ``sys.executable``, and the first
+cell run checks it), so a notebook sees the same qviz and torch as the tests; IPython, Jupyter
+and matplotlib write into pytest's temporary folders, never into $HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+KERNEL_NAME = "python3"
+CELL_TIMEOUT_S = 300
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_PROBE = "import json, sys\nprint(json.dumps({'executable': sys.executable, 'prefix': sys.prefix}))"
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.name for p in paths]
+
+
+def _isolated_kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point every Jupyter/IPython/matplotlib folder at tmp_path; register this interpreter."""
+    for var in (
+        "IPYTHONDIR",
+        "MPLCONFIGDIR",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTER_PATH",
+    ):
+        folder = tmp_path / var.lower()
+        folder.mkdir()
+        monkeypatch.setenv(var, str(folder))  # the kernel inherits the environment
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # JUPYTER_PATH comes first in the kernelspec search, before the venv's and the user's own.
+    spec_dir = Path(os.environ["JUPYTER_PATH"]) / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (qviz tests)",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+
+
+def _failure_report(path: Path, nb: nbformat.NotebookNode, exc: CellExecutionError) -> str:
+    """The failing cell's index (as in the committed notebook), its source and the error."""
+    for index, cell in enumerate(nb.cells[1:]):  # cell 0 is the interpreter probe
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                traceback = _ANSI.sub("", "\n".join(output.get("traceback", [])))
+                error = f"{output['ename']}: {output['evalue']}"
+                return (
+                    f"{path.name}: cell {index} (0-based) raised {error}\n"
+                    f"--- cell source ---\n{cell.source}\n--- traceback ---\n{traceback}"
+                )
+    return f"{path.name}: {_ANSI.sub('', str(exc))}"
+
+
+def test_notebooks_are_found() -> None:
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_is_committed_without_outputs(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    dirty = [
+        index
+        for index, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
+    ]
+    assert not dirty, (
+        f"{path.name}: code cells {dirty} carry outputs or execution counts; clear them before "
+        f"committing (e.g. `jupyter nbconvert --clear-output --inplace {path.name}`)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _isolated_kernel_env(tmp_path, monkeypatch)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(_PROBE))
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name=KERNEL_NAME,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    failure = None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        failure = _failure_report(path, nb, exc)
+    if failure is not None:  # outside the except block: no chained nbclient traceback
+        pytest.fail(failure, pytrace=False)
+
+    stdout = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout")
+    probe = json.loads(stdout)
+    assert probe == {"executable": sys.executable, "prefix": sys.prefix}, (
+        f"the notebook ran in {probe}, not in the interpreter running the tests ({sys.executable})"
+    )
