@@ -182,8 +182,10 @@ def _mse_error_matrix(
     cand = centers[start_bin::stride]
     quant_max = float(2 ** (num_bits - 1 + int(unsigned)) - 1)
     mult = (quant_max / cand).unsqueeze(1)
-    fq = torch.clamp(torch.round(centers.unsqueeze(0) * mult), 0.0, quant_max) / mult
-    return cand, (fq - centers.unsqueeze(0)).square_()
+    # one (K, N) buffer worked in place: fresh temporaries of this size cost 4x more to fault in
+    err = centers.unsqueeze(0) * mult
+    err.round_().clamp_(0.0, quant_max).div_(mult).sub_(centers).square_()
+    return cand, err
 
 
 def mse_amax(
