@@ -34,6 +34,7 @@ run: $(STAMP) system-deps
 
 lint: $(STAMP)
 	$(BIN)/ruff check qviz tests benchmarks notebooks
+	$(BIN)/ruff format --check qviz tests benchmarks
 
 test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest
