@@ -13,8 +13,29 @@ Example:
     True
 """
 
-from qviz.errors import CalibrationError, ConfigError, QuantizationError, QvizError
+from qviz.engine.calibrate import calibrate
+from qviz.engine.capture import export
+from qviz.engine.convert import convert_pt2e
+from qviz.engine.prepare import prepare_pt2e
+from qviz.errors import (
+    AnnotationError,
+    CalibrationError,
+    ConfigError,
+    QuantizationError,
+    QvizError,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["CalibrationError", "ConfigError", "QuantizationError", "QvizError", "__version__"]
+__all__ = [
+    "AnnotationError",
+    "CalibrationError",
+    "ConfigError",
+    "QuantizationError",
+    "QvizError",
+    "__version__",
+    "calibrate",
+    "convert_pt2e",
+    "export",
+    "prepare_pt2e",
+]

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 __all__ = [
+    "AnnotationError",
     "CalibrationError",
     "ConfigError",
     "MissingDependencyError",
@@ -32,6 +33,10 @@ class ConfigError(QvizError, ValueError):
 
 class QuantizationError(QvizError, ValueError):
     """A tensor cannot be quantized as asked (negative values for unsigned, negative amax, ...)."""
+
+
+class AnnotationError(QvizError, ValueError):
+    """Quantization annotations cannot be executed (unresolvable sharing, a wrong edge, ...)."""
 
 
 class CalibrationError(QvizError, RuntimeError):

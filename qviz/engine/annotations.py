@@ -1,0 +1,69 @@
+"""Read and check a quantizer's annotations: the ordered specs that sharing and prepare execute.
+
+Annotations made with torchao's classes (or any look-alike) are converted to qviz's in place on
+the graph being prepared, so everything downstream sees one set of types.
+
+Example:
+    >>> import torch
+    >>> from qviz.engine.specs import QuantizationAnnotation, FixedQParamsQuantizationSpec
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sigmoid())
+    >>> x, sig = list(gm.graph.nodes)[:2]
+    >>> out = FixedQParamsQuantizationSpec(torch.uint8, 1 / 256, 0, 0, 255)
+    >>> sig.meta["quantization_annotation"] = QuantizationAnnotation({x: None}, out)
+    >>> specs, implicit = collect_specs(gm)
+    >>> [k.name for k in specs], implicit(sig)
+    (['sigmoid'], True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch.fx import GraphModule, Node
+
+from qviz.engine.specs import Q_ANNOTATION_KEY, EdgeOrNode, QuantizationSpecBase, as_annotation
+from qviz.errors import AnnotationError
+
+__all__ = ["collect_specs"]
+
+
+def _check_edge(node: Node, producer: object) -> None:
+    if not isinstance(producer, Node) or producer not in node.all_input_nodes:
+        inputs = [n.name for n in node.all_input_nodes]
+        raise AnnotationError(
+            f"{node.format_node()}: input_qspec_map has a key {producer!r} that is not an input of "
+            f"{node.name} (its inputs are {inputs}); key each input spec by the node that feeds it"
+        )
+
+
+def collect_specs(
+    gm: GraphModule,
+) -> tuple[dict[EdgeOrNode, QuantizationSpecBase], Callable[[Node], bool]]:
+    """Every annotated edge and node output with its spec, in annotation order.
+
+    Order: graph order; for each node its input edges (in ``input_qspec_map`` order), then its
+    output. None specs (inputs left unquantized) are skipped.
+
+    Returns:
+        The specs, and whether a consumer allows implicit sharing on its input edges.
+
+    Raises:
+        AnnotationError: an input spec is keyed by a node that is not an input of the annotated
+            node, or an annotation is not a QuantizationAnnotation.
+    """
+    specs: dict[EdgeOrNode, QuantizationSpecBase] = {}
+    implicit: dict[Node, bool] = {}
+    for node in gm.graph.nodes:
+        raw = node.meta.get(Q_ANNOTATION_KEY)
+        if raw is None:
+            continue
+        annotation = as_annotation(raw, node)
+        node.meta[Q_ANNOTATION_KEY] = annotation
+        implicit[node] = annotation.allow_implicit_sharing
+        for producer, spec in annotation.input_qspec_map.items():
+            _check_edge(node, producer)
+            if spec is not None:
+                specs[(producer, node)] = spec
+        if annotation.output_qspec is not None:
+            specs[node] = annotation.output_qspec
+    return specs, lambda node: implicit.get(node, True)

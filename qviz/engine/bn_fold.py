@@ -1,0 +1,135 @@
+"""Fold inference BatchNorm into the convolution that feeds it (a graph pass, in place).
+
+``bn(conv(x, w, b))`` becomes ``conv(x, w', b')`` through
+``torch.nn.utils.fusion.fuse_conv_bn_weights``, the same arithmetic the reference uses, so
+folded weights agree bit for bit. A pair is folded only when it is safe: the conv output feeds
+nothing but the BatchNorm, and its weight is not shared with another conv. Other pairs stay as
+they are (the reference folds them anyway, which changes what the conv's other users or the
+weight's other convs compute); :func:`fold_batch_norm` returns them so the plan can say why.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from qviz.engine.capture import export
+    >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)).eval()
+    >>> gm = export(model, (torch.randn(1, 1, 5, 5),))
+    >>> fold_batch_norm(gm)
+    []
+    >>> any(n.target == torch.ops.aten.batch_norm.default for n in gm.graph.nodes)
+    False
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.nn.utils.fusion import fuse_conv_bn_weights
+
+__all__ = ["BN_OPS", "CONV_OPS", "fold_batch_norm"]
+
+aten = torch.ops.aten
+CONV_OPS = {
+    aten.conv1d.default,
+    aten.conv1d.padding,
+    aten.conv2d.default,
+    aten.conv2d.padding,
+    aten.conv3d.default,
+    aten.conv3d.padding,
+}
+TRANSPOSED_CONV_OPS = {
+    aten.conv_transpose1d.default,
+    aten.conv_transpose2d.input,
+    aten.conv_transpose3d.input,
+}
+BN_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default}
+_EPS_INDEX = {aten.batch_norm.default: 7, aten._native_batch_norm_legit_no_training.default: 6}
+
+
+def _constant(gm: GraphModule, node: Node | None) -> torch.Tensor | None:
+    """The parameter or buffer a ``get_attr`` node reads (None for a missing optional input)."""
+    if node is None:
+        return None
+    owner, _, name = str(node.target).rpartition(".")
+    return getattr(gm.get_submodule(owner), name)
+
+
+def _set_param(gm: GraphModule, target: str, value: torch.Tensor) -> None:
+    owner, _, name = target.rpartition(".")
+    module = gm.get_submodule(owner)
+    if name in module._parameters:
+        del module._parameters[name]
+    elif name in module._buffers:
+        del module._buffers[name]
+    module.register_parameter(name, torch.nn.Parameter(value.detach(), requires_grad=False))
+
+
+def _foldable(bn: Node) -> tuple[Node, str | None]:
+    """The conv feeding ``bn`` and why it cannot be folded (None when it can)."""
+    conv = bn.args[0]
+    if not isinstance(conv, Node) or conv.target not in CONV_OPS | TRANSPOSED_CONV_OPS:
+        return conv, "not preceded by a convolution"
+    if len(conv.users) != 1:
+        return (
+            conv,
+            f"{conv.name}'s output also feeds {[u.name for u in conv.users if u is not bn]}",
+        )
+    weight = conv.args[1]
+    shared = [u.name for u in weight.users if u is not conv] if isinstance(weight, Node) else []
+    if not isinstance(weight, Node) or weight.op != "get_attr" or shared:
+        return conv, f"{conv.name}'s weight is not a constant of its own (also used by {shared})"
+    return conv, None
+
+
+def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
+    weight_node = conv.args[1]
+    bias_node = conv.args[2] if len(conv.args) > 2 else None
+    args = list(bn.args) + [None] * (8 - len(bn.args))
+    bn_w, bn_b, mean, var = (_constant(gm, a) for a in args[1:5])
+    fused_w, fused_b = fuse_conv_bn_weights(
+        _constant(gm, weight_node),
+        _constant(gm, bias_node),
+        mean,
+        var,
+        bn.args[_EPS_INDEX[bn.target]],
+        bn_w,
+        bn_b,
+        transpose=conv.target in TRANSPOSED_CONV_OPS,
+    )
+    _set_param(gm, str(weight_node.target), fused_w)
+    if bias_node is None:
+        target = f"{weight_node.target}_bias"
+        _set_param(gm, target, fused_b)
+        with gm.graph.inserting_before(conv):
+            bias_node = gm.graph.get_attr(target)
+        conv_args = list(conv.args) + [None] * (3 - len(conv.args))
+        conv_args[2] = bias_node
+        conv.args = tuple(conv_args)
+    else:
+        _set_param(gm, str(bias_node.target), fused_b)
+    if bn.target == aten.batch_norm.default:
+        bn.replace_all_uses_with(conv)
+    else:
+        for user in list(bn.users):
+            if user.target is operator.getitem and user.args[1] == 0:
+                user.replace_all_uses_with(conv)
+
+
+def fold_batch_norm(gm: GraphModule) -> list[tuple[str, str]]:
+    """Fold every safe conv → BatchNorm pair of ``gm`` in place.
+
+    Returns:
+        ``(batch_norm_node_name, reason)`` for each BatchNorm left unfolded.
+    """
+    left = []
+    for bn in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in BN_OPS]:
+        conv, why = _foldable(bn)
+        if why is None:
+            _fold(gm, conv, bn)
+        else:
+            left.append((bn.name, why))
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return left

@@ -1,0 +1,290 @@
+"""QuantPlan: the engine's decisions as frozen, tensor-free records that every view reads.
+
+For every observed edge and node output: its sharing group, how it joined the group (own spec,
+explicit SharedQuantizationSpec, implicit equal-spec sharing, transitively) and its spec; for every
+group: the observer module and the resolved spec (and, after convert, its qparams); for every
+quantizable node left in float: why.
+
+Example:
+    >>> import torch
+    >>> import qviz
+    >>> from torch import nn
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    >>> gm = qviz.export(model, (torch.randn(2, 4),))
+    >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    >>> plan = qviz.prepare_pt2e(gm, q).plan
+    >>> [(str(t.tensor), t.group, str(t.how)) for t in plan][:2]
+    [('input_1 -> linear', 0, 'own spec'), ('_0_weight -> linear', 1, 'own spec')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+
+import torch
+from torch.fx import GraphModule
+
+from qviz.engine.sharing import Sharing
+from qviz.engine.specs import (
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    FixedQParamsQuantizationSpec,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+)
+
+__all__ = [
+    "FloatReason",
+    "FloatRecord",
+    "GroupRecord",
+    "QParams",
+    "QuantPlan",
+    "SpecSummary",
+    "TensorRecord",
+    "TensorRef",
+    "build_plan",
+]
+
+aten = torch.ops.aten
+
+#: Ops a quantizer is expected to handle; such a node without annotation is reported as float.
+QUANTIZABLE_OPS = {
+    aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.conv1d.padding,
+    aten.conv2d.padding, aten.conv3d.padding, aten.conv_transpose2d.input, aten.linear.default,
+    aten.matmul.default, aten.bmm.default, aten.addmm.default, aten.mm.default,
+    aten.add.Tensor, aten.add_.Tensor, aten.mul.Tensor, aten.mul_.Tensor, aten.cat.default,
+    aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default,
+    aten.mean.dim, aten.relu.default, aten.relu_.default, aten.hardtanh.default,
+    aten.sigmoid.default, aten.tanh.default, aten.softmax.int, aten._softmax.default,
+    aten.batch_norm.default,
+}  # fmt: skip
+
+
+class FloatReason(StrEnum):
+    """Why a quantizable node was left in float."""
+
+    UNANNOTATED = "unannotated"
+    FILTERED_BY_MODULE_NAME = "filtered by module name"
+    FILTERED_BY_MODULE_TYPE = "filtered by module type"
+    DTYPE_CONSTRAINT = "dtype constraint violated"
+    PATTERN_UNSUPPORTED = "pattern unsupported"
+    USER_FALLBACK = "user fallback"
+    BATCH_NORM_NOT_FOLDED = "batch norm not folded"
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An edge ``producer -> consumer``, or a node's output when ``consumer`` is None."""
+
+    producer: str
+    consumer: str | None = None
+
+    @classmethod
+    def of(cls, key: EdgeOrNode) -> TensorRef:
+        return cls(key[0].name, key[1].name) if isinstance(key, tuple) else cls(key.name)
+
+    def __str__(self) -> str:
+        return self.producer if self.consumer is None else f"{self.producer} -> {self.consumer}"
+
+
+@dataclass(frozen=True)
+class SpecSummary:
+    """A spec as plain values: kind ("observed", "fixed", "derived", "shared") and its fields."""
+
+    kind: str
+    dtype: str | None = None
+    quant_min: int | None = None
+    quant_max: int | None = None
+    qscheme: str | None = None
+    ch_axis: int | None = None
+    is_dynamic: bool = False
+    observer: str | None = None
+    scale: float | None = None
+    zero_point: int | None = None
+    shared_with: TensorRef | None = None
+    derived_from: tuple[TensorRef, ...] = ()
+
+    @classmethod
+    def of(cls, spec: QuantizationSpecBase) -> SpecSummary:
+        if isinstance(spec, SharedQuantizationSpec):
+            return cls("shared", shared_with=TensorRef.of(spec.edge_or_node))
+        common = {
+            "dtype": str(spec.dtype).replace("torch.", ""),
+            "quant_min": spec.quant_min,
+            "quant_max": spec.quant_max,
+            "qscheme": str(spec.qscheme).replace("torch.", "") if spec.qscheme else None,
+            "is_dynamic": bool(spec.is_dynamic),
+        }
+        if isinstance(spec, FixedQParamsQuantizationSpec):
+            return cls("fixed", scale=float(spec.scale), zero_point=int(spec.zero_point), **common)
+        if isinstance(spec, DerivedQuantizationSpec):
+            derived = tuple(TensorRef.of(k) for k in spec.derived_from)
+            return cls("derived", ch_axis=spec.ch_axis, derived_from=derived, **common)
+        ctor = spec.observer_or_fake_quant_ctr
+        name = getattr(getattr(ctor, "p", None), "func", ctor)
+        return cls(
+            "observed",
+            ch_axis=spec.ch_axis,
+            observer=getattr(name, "__name__", str(name)),
+            **common,
+        )
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Quantization parameters after convert: one value per tensor, or per channel (tuples)."""
+
+    scale: float | tuple[float, ...]
+    zero_point: int | tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One observed tensor: its group, how it joined it (and via which tensor), its own spec."""
+
+    tensor: TensorRef
+    group: int
+    how: str
+    via: TensorRef | None
+    spec: SpecSummary
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One sharing group: its observer module, the tensor owning it, the resolved spec."""
+
+    group: int
+    observer: str
+    owner: TensorRef
+    spec: SpecSummary
+    members: tuple[TensorRef, ...]
+    qparams: QParams | None = None
+
+
+@dataclass(frozen=True)
+class FloatRecord:
+    """A quantizable node left in float, and why."""
+
+    node: str
+    op: str
+    reason: FloatReason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Every decision of prepare (and convert's qparams) as records; iterating gives the tensors."""
+
+    groups: tuple[GroupRecord, ...]
+    tensors: tuple[TensorRecord, ...]
+    float_nodes: tuple[FloatRecord, ...] = field(default=())
+
+    def __iter__(self) -> Iterator[TensorRecord]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def group(self, group_id: int) -> GroupRecord:
+        """The record of group ``group_id``."""
+        return self.groups[group_id]
+
+    def group_of(self, producer: str, consumer: str | None = None) -> GroupRecord:
+        """The group observing ``producer -> consumer`` (or ``producer``'s output)."""
+        ref = TensorRef(producer, consumer)
+        for record in self.tensors:
+            if record.tensor == ref:
+                return self.groups[record.group]
+        raise KeyError(f"{ref} is not observed; observed tensors: {[str(t.tensor) for t in self]}")
+
+    def with_qparams(self, qparams: dict[int, QParams]) -> QuantPlan:
+        """A copy whose groups carry the given qparams."""
+        groups = tuple(replace(g, qparams=qparams.get(g.group, g.qparams)) for g in self.groups)
+        return replace(self, groups=groups)
+
+    def to_records(self, kind: str = "tensors") -> list[dict]:
+        """Rows for a DataFrame: ``"tensors"``, ``"groups"`` or ``"float"``."""
+        rows = {"tensors": self.tensors, "groups": self.groups, "float": self.float_nodes}
+        if kind not in rows:
+            raise ValueError(f"kind must be one of {sorted(rows)}, got {kind!r}")
+        return [asdict(r) for r in rows[kind]]
+
+    def __str__(self) -> str:
+        lines = [f"QuantPlan: {len(self.groups)} observer groups, {len(self.tensors)} tensors"]
+        for g in self.groups:
+            s = g.spec
+            spec = f"{s.kind} {s.dtype} [{s.quant_min}, {s.quant_max}] {s.qscheme or ''}".rstrip()
+            lines.append(f"  group {g.group} ({g.observer}): {spec}")
+            for ref in g.members:
+                rec = next(t for t in self.tensors if t.tensor == ref)
+                via = f" via {rec.via}" if rec.via and rec.how != "own spec" else ""
+                lines.append(f"    {ref}  [{rec.how}{via}]")
+        if self.float_nodes:
+            lines.append(f"  left in float: {len(self.float_nodes)}")
+            lines += [f"    {f.node} ({f.op}): {f.reason}" for f in self.float_nodes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantPlan(groups={len(self.groups)}, tensors={len(self.tensors)}, "
+            f"float_nodes={len(self.float_nodes)})"
+        )
+
+
+def _float_records(
+    gm: GraphModule, observed: set[str], unfolded_bn: dict[str, str]
+) -> tuple[FloatRecord, ...]:
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in QUANTIZABLE_OPS:
+            continue
+        if node.name in observed:
+            continue
+        op = getattr(node.target, "__name__", str(node.target))
+        if node.name in unfolded_bn:
+            out.append(
+                FloatRecord(
+                    node.name, op, FloatReason.BATCH_NORM_NOT_FOLDED, unfolded_bn[node.name]
+                )
+            )
+            continue
+        reason = node.meta.get("qviz_float_reason", FloatReason.UNANNOTATED.value)
+        out.append(
+            FloatRecord(node.name, op, FloatReason(reason), node.meta.get("qviz_float_detail", ""))
+        )
+    return tuple(out)
+
+
+def build_plan(
+    gm: GraphModule,
+    sharing: Sharing,
+    specs: dict[EdgeOrNode, QuantizationSpecBase],
+    observer_names: dict[int, str],
+    unfolded_bn: dict[str, str],
+) -> QuantPlan:
+    """Records of ``sharing`` on ``gm`` (pure: reads the graph, changes nothing)."""
+    tensors = tuple(
+        TensorRecord(
+            tensor=TensorRef.of(key),
+            group=m.group,
+            how=str(m.how),
+            via=TensorRef.of(m.via) if m.via is not None else None,
+            spec=SpecSummary.of(specs[key]),
+        )
+        for key, m in sharing.members.items()
+    )
+    groups = tuple(
+        GroupRecord(
+            group=g,
+            observer=observer_names[g],
+            owner=TensorRef.of(sharing.owner[g]),
+            spec=SpecSummary.of(sharing.spec[g]),
+            members=tuple(TensorRef.of(k) for k in members),
+        )
+        for g, members in sharing.groups.items()
+    )
+    consumers = {k[1].name if isinstance(k, tuple) else k.name for k in sharing.members}
+    return QuantPlan(groups, tensors, _float_records(gm, consumers, unfolded_bn))

@@ -1,0 +1,186 @@
+"""prepare_pt2e: fold BatchNorm, annotate, resolve sharing, insert one observer per group.
+
+Everything happens on a copy: the caller's graph module is never changed. The steps:
+
+1. fold inference BatchNorm into the preceding conv (:mod:`qviz.engine.bn_fold`);
+2. the quantizer annotates and validates; annotations are read and checked
+   (:mod:`qviz.engine.annotations`);
+3. sharing groups are resolved (:mod:`qviz.engine.sharing`, pure);
+4. one observer module is created per group, from the group's concrete spec;
+5. observer calls are inserted: after a producer whose output is observed (all its users then
+   read the observed tensor), or on the edge into a consumer; a tensor is observed once per
+   group however many edges of that group read it.
+
+The result carries ``.plan``, the :class:`~qviz.engine.plan.QuantPlan` of these decisions.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),))
+    >>> prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config()))
+    >>> len(prepared.plan.groups)
+    3
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from torch import nn
+from torch.fx import GraphModule, Node
+
+from qviz.engine.annotations import collect_specs
+from qviz.engine.bn_fold import fold_batch_norm
+from qviz.engine.plan import build_plan
+from qviz.engine.sharing import Sharing, describe, resolve_sharing
+from qviz.engine.specs import (
+    Q_ANNOTATION_KEY,
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    FixedQParamsQuantizationSpec,
+    QuantizationSpec,
+    QuantizationSpecBase,
+)
+from qviz.errors import AnnotationError, ConfigError
+
+__all__ = ["prepare_pt2e"]
+
+
+def _observer_from_spec(spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Module]) -> nn.Module:
+    """An observer for a concrete spec, built as the reference builds it (same kwargs)."""
+    if isinstance(spec, FixedQParamsQuantizationSpec):
+        from qviz.engine import observers
+
+        return observers.FixedQParamsObserver.with_args(**dataclasses.asdict(spec))()
+    if isinstance(spec, DerivedQuantizationSpec):
+        missing = [describe(k) for k in spec.derived_from if k not in made]
+        if missing:
+            raise AnnotationError(
+                f"DerivedQuantizationSpec derives from {missing}, which have no observer; annotate "
+                f"them with a QuantizationSpec"
+            )
+        from qviz.engine import observers
+
+        return observers.DerivedQParamsObserver(
+            obs_or_fqs=[made[k] for k in spec.derived_from],
+            derive_qparams_fn=spec.derive_qparams_fn,
+            dtype=spec.dtype,
+            quant_min=spec.quant_min,
+            quant_max=spec.quant_max,
+            qscheme=spec.qscheme,
+            ch_axis=spec.ch_axis,
+        )
+    if not isinstance(spec, QuantizationSpec):
+        raise ConfigError(f"cannot build an observer for {type(spec).__name__}")
+    ctor = spec.observer_or_fake_quant_ctr
+    kwargs = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    kwargs.pop("observer_or_fake_quant_ctr")
+    cls = getattr(getattr(ctor, "p", None), "func", ctor)
+    if "PerChannel" not in getattr(cls, "__name__", ""):
+        kwargs.pop("ch_axis")
+    if hasattr(ctor, "with_args"):
+        return ctor.with_args(**kwargs)()
+    return ctor(**kwargs)
+
+
+def _make_observers(sharing: Sharing) -> dict[int, nn.Module]:
+    """One observer per group; derived groups after the groups they derive from."""
+    made: dict[EdgeOrNode, nn.Module] = {}
+    by_group: dict[int, nn.Module] = {}
+    order = sorted(
+        sharing.groups, key=lambda g: isinstance(sharing.spec[g], DerivedQuantizationSpec)
+    )
+    for g in order:
+        by_group[g] = _observer_from_spec(sharing.spec[g], made)
+        made.update(dict.fromkeys(sharing.groups[g], by_group[g]))
+    return dict(sorted(by_group.items()))
+
+
+def _observe_edge(gm: GraphModule, consumer: Node, current: Node, target: str) -> None:
+    if current.op == "call_module" and current.target == target:
+        return  # the producer's output observer is this group's: already observed
+    existing = next(
+        (u for u in current.users if u.op == "call_module" and u.target == target), None
+    )
+    if existing is None:
+        with gm.graph.inserting_after(current):
+            existing = gm.graph.call_module(target, (current,))
+    consumer.replace_input_with(current, existing)
+
+
+def _insert_observers(gm: GraphModule, key_to_name: dict[EdgeOrNode, str]) -> None:
+    output_observer: dict[Node, Node] = {}
+    for node in list(gm.graph.nodes):
+        annotation = node.meta.get(Q_ANNOTATION_KEY)
+        if annotation is None:
+            continue
+        for producer in annotation.input_qspec_map:
+            if (producer, node) in key_to_name:
+                current = output_observer.get(producer, producer)
+                _observe_edge(gm, node, current, key_to_name[(producer, node)])
+        if node in key_to_name:
+            with gm.graph.inserting_after(node):
+                obs = gm.graph.call_module(key_to_name[node], (node,))
+            node.replace_all_uses_with(obs, delete_user_cb=lambda user, obs=obs: user is not obs)
+            output_observer[node] = obs
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _register(gm: GraphModule, sharing: Sharing, quantizer: Any) -> tuple[dict, dict[int, str]]:
+    """Create, let the quantizer adjust, and register the observers; name them per group."""
+    by_group = _make_observers(sharing)
+    key_to_obs = {k: by_group[m.group] for k, m in sharing.members.items()}
+    callback = getattr(quantizer, "prepare_obs_or_fq_callback", None)
+    if callback is not None:
+        callback(gm, key_to_obs)
+    names: dict[int, str] = {}
+    key_to_name = {}
+    for key, obs in key_to_obs.items():
+        name = names.setdefault(id(obs), f"observer_{len(names)}")
+        if not hasattr(gm, name):
+            gm.add_submodule(name, obs)
+        key_to_name[key] = name
+    group_names = {g: key_to_name[sharing.owner[g]] for g in sharing.groups}
+    return key_to_name, group_names
+
+
+def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
+    """Insert observers as ``quantizer`` annotates ``model``; return the prepared copy.
+
+    Args:
+        model: a graph module from :func:`qviz.export` (``torch.export.export(...).module()``).
+        quantizer: a qviz Quantizer, or any object with ``annotate`` and ``validate`` that
+            annotates with the PT2E annotation API (torchao's quantizers included).
+
+    Returns:
+        A prepared copy of ``model`` with ``.plan``; run calibration data through it
+        (:func:`qviz.calibrate`), then :func:`qviz.convert_pt2e`.
+
+    Raises:
+        AnnotationError: annotations that cannot be executed (unresolvable sharing, an input
+            spec keyed by a node that is not an input, ...), naming the node and the chain.
+    """
+    if not isinstance(model, GraphModule):
+        raise ConfigError(
+            f"prepare_pt2e needs the graph module qviz.export returns, got {type(model).__name__}: "
+            f"call qviz.export(model.eval(), example_inputs) first"
+        )
+    for method in ("annotate", "validate"):
+        if not callable(getattr(quantizer, method, None)):
+            raise ConfigError(f"quantizer {type(quantizer).__name__} has no {method}() method")
+    gm = copy.deepcopy(model)
+    unfolded = dict(fold_batch_norm(gm))
+    transform = getattr(quantizer, "transform_for_annotation", None)
+    gm = transform(gm) if transform is not None else gm
+    quantizer.annotate(gm)
+    quantizer.validate(gm)
+    specs, implicit = collect_specs(gm)
+    sharing = resolve_sharing(specs, implicit=implicit)
+    key_to_name, group_names = _register(gm, sharing, quantizer)
+    _insert_observers(gm, key_to_name)
+    gm.plan = build_plan(gm, sharing, specs, group_names, unfolded)
+    return gm

@@ -1,0 +1,151 @@
+"""XNNPACK's quantization configs: symmetric int8 weights, affine int8 activations.
+
+:func:`get_symmetric_quantization_config` builds the same specs as torchao's function of that
+name (observer classes, ``eps=2**-12``, ranges), with qviz's observers.
+:func:`check_config` rejects configs XNNPACK cannot run, with the fix.
+
+Example:
+    >>> config = get_symmetric_quantization_config(is_per_channel=True)
+    >>> config.weight.qscheme, config.weight.ch_axis, config.weight.quant_min
+    (torch.per_channel_symmetric, 0, -127)
+    >>> config.input_activation.observer_or_fake_quant_ctr
+    HistogramObserver.with_args(eps=0.000244140625)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from qviz.engine.observers import (
+    HistogramObserver,
+    MinMaxObserver,
+    PerChannelMinMaxObserver,
+    PlaceholderObserver,
+)
+from qviz.engine.specs import QuantizationConfig, QuantizationSpec
+from qviz.errors import ConfigError
+
+__all__ = ["check_config", "get_symmetric_quantization_config"]
+
+#: Smallest scale the observers return (as torchao's XNNPACK config).
+_EPS = 2**-12
+_PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+_WEIGHT_SCHEMES = (torch.per_tensor_symmetric, torch.per_channel_symmetric, None)
+
+
+@functools.lru_cache
+def get_symmetric_quantization_config(
+    is_per_channel: bool = False,
+    *,
+    is_dynamic: bool = False,
+    is_qat: bool = False,
+    act_qmin: int = -128,
+    act_qmax: int = 127,
+    weight_qmin: int = -127,
+    weight_qmax: int = 127,
+) -> QuantizationConfig:
+    """int8 config for XNNPACK: activations per-tensor affine, weights symmetric, bias float.
+
+    Args:
+        is_per_channel: weights per output channel (``ch_axis=0``) instead of per tensor.
+        is_dynamic: activations quantized at run time from each input (dynamic quantization,
+            linear only); there is then no output activation spec.
+        is_qat: quantization-aware training; not supported yet (it needs fake-quantize modules).
+        act_qmin, act_qmax: activation integer range.
+        weight_qmin, weight_qmax: weight integer range (-127..127 keeps the grid symmetric).
+
+    Everything after ``is_per_channel`` is keyword-only: torchao's function takes ``is_qat``
+    second and ``is_dynamic`` third, so a positional call could silently mean something else.
+
+    Returns:
+        The config; equal arguments return the same object.
+
+    Raises:
+        ConfigError: ``is_qat=True``, or a range that does not fit int8.
+
+    Example:
+        >>> dynamic = get_symmetric_quantization_config(is_dynamic=True)
+        >>> dynamic.input_activation.is_dynamic, dynamic.output_activation
+        (True, None)
+        >>> get_symmetric_quantization_config(is_qat=True)
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz does not provide; use is_qat=False (post-training quantization)
+    """  # noqa: E501
+    if is_qat:
+        raise ConfigError(
+            "get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's "
+            "QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz "
+            "does not provide; use is_qat=False (post-training quantization)"
+        )
+    act_observer = PlaceholderObserver if is_dynamic else HistogramObserver
+    activation = QuantizationSpec(
+        dtype=torch.int8,
+        observer_or_fake_quant_ctr=act_observer.with_args(eps=_EPS),
+        quant_min=act_qmin,
+        quant_max=act_qmax,
+        qscheme=torch.per_tensor_affine,
+        is_dynamic=is_dynamic,
+    )
+    weight_observer = PerChannelMinMaxObserver if is_per_channel else MinMaxObserver
+    weight = QuantizationSpec(
+        dtype=torch.int8,
+        observer_or_fake_quant_ctr=weight_observer.with_args(eps=_EPS),
+        quant_min=weight_qmin,
+        quant_max=weight_qmax,
+        qscheme=torch.per_channel_symmetric if is_per_channel else torch.per_tensor_symmetric,
+        ch_axis=0,
+        is_dynamic=False,
+    )
+    output = None if is_dynamic else activation
+    return QuantizationConfig(activation, output, weight, None, is_qat)
+
+
+def _check_spec(spec: Any, role: str, where: str, schemes: tuple) -> None:
+    if spec is None:
+        return
+    if not isinstance(spec, QuantizationSpec):
+        raise ConfigError(
+            f"{where}: the {role} spec is a {type(spec).__name__}; XNNPACKQuantizer needs a "
+            f"QuantizationSpec (or None) there"
+        )
+    if spec.qscheme not in schemes:
+        names = ", ".join(str(s) for s in schemes)
+        raise ConfigError(
+            f"{where}: the {role} spec has qscheme {spec.qscheme}; XNNPACK supports {names} "
+            f"there (get_symmetric_quantization_config builds a valid config)"
+        )
+
+
+def check_config(config: Any, where: str, *, allow_none: bool = True) -> None:
+    """Raise ConfigError unless ``config`` is a QuantizationConfig XNNPACK can run (or None).
+
+    Activations must be per-tensor, weights symmetric (per tensor or per channel), and the
+    bias, if quantized, stays float.
+
+    Example:
+        >>> check_config(get_symmetric_quantization_config(), "set_global")
+        >>> check_config("int8", "set_global")
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: set_global: expected a QuantizationConfig (e.g. get_symmetric_quantization_config()), got str
+    """  # noqa: E501
+    if config is None and allow_none:
+        return
+    if not isinstance(config, QuantizationConfig):
+        raise ConfigError(
+            f"{where}: expected a QuantizationConfig (e.g. get_symmetric_quantization_config()), "
+            f"got {type(config).__name__}"
+        )
+    _check_spec(config.input_activation, "input activation", where, _PER_TENSOR)
+    _check_spec(config.output_activation, "output activation", where, _PER_TENSOR)
+    _check_spec(config.weight, "weight", where, _WEIGHT_SCHEMES)
+    bias = config.bias
+    if bias is not None and getattr(bias, "dtype", None) != torch.float:
+        raise ConfigError(
+            f"{where}: the bias spec must keep bias in torch.float (XNNPACK quantizes bias "
+            f"itself); set bias=None"
+        )
