@@ -1,5 +1,7 @@
 """The `qviz` command: the main job on the embedded model, and its errors."""
 
+import re
+
 from qviz.cli import main
 
 
@@ -17,7 +19,18 @@ def test_main_job_prints_the_calibrator_table(capsys, tmp_path):
 
 def test_no_arguments_runs_the_main_job(capsys):
     assert main([]) == 0
-    assert "SQNR dB" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SQNR dB" in out  # the calibrator table
+    assert "test accuracy: float 99.72%, int8" in out  # the PT2E flow
+    assert "left in float: 0" in out
+
+
+def test_quantize_reports_float_and_int8_accuracy(capsys):
+    assert main(["quantize", "--per-tensor", "--batch-size", "50"]) == 0
+    out = capsys.readouterr().out
+    accuracy = re.search(r"test accuracy: float [\d.]+%, int8 ([\d.]+)%", out).group(1)
+    assert float(accuracy) > 97.0  # per-tensor weights cost at most a few images
+    assert "on 360 images" in out and "180 calibration images" in out
 
 
 def test_errors_are_reported_without_a_traceback(capsys, monkeypatch, tmp_path):

@@ -357,3 +357,22 @@ def test_int32_accumulation_is_exact_near_the_int32_limit() -> None:
     expected = (x[:, None, :] * w[None, :, :]).sum(-1)  # int64, exact by construction
     assert got.dtype == torch.int32
     assert torch.equal(got.long(), expected)
+
+
+def test_convert_pt2e_flag_gives_the_reference_representation():
+    """The public switch: no float linear/conv left, outputs within one output step."""
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    batches = [x for x, _ in digits_loaders(batch_size=36).calibration]
+    gm = qviz.export(digits_model(), (batches[0],))
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    qviz.calibrate(prepared, batches, progress=False)
+    qdq = qviz.convert_pt2e(prepared)
+    integer = qviz.convert_pt2e(prepared, use_reference_representation=True)
+    float_ops = {torch.ops.aten.linear.default, torch.ops.aten.conv2d.default}
+    assert not [n for n in integer.graph.nodes if n.target in float_ops]
+    out_step = qdq.plan.group_of("linear").qparams.scale
+    for x in batches:
+        assert float((integer(x) - qdq(x)).abs().max()) <= out_step * 1.0001
