@@ -35,11 +35,27 @@ def _qparams(gm: torch.fx.GraphModule) -> set:
     which changes the node count but not the arithmetic.
     """
     ops = (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)
-    return {
+    per_tensor = {
         (n.target.__name__, *n.args[1:])
         for n in gm.graph.nodes
         if n.op == "call_function" and n.target in ops
     }
+    per_channel = {
+        (
+            tuple(_attr(gm, n.args[1]).tolist()),  # every channel's scale
+            tuple(_attr(gm, n.args[2]).tolist()),  # and zero_point
+            str(_attr(gm, n.args[2]).dtype),
+            *n.args[3:],
+        )
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target == qd.dequantize_per_channel.default
+    }
+    return per_tensor | per_channel
+
+
+def _attr(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor:
+    owner, _, name = str(node.target).rpartition(".")
+    return getattr(gm.get_submodule(owner), name)
 
 
 def _both(model: nn.Module, batches: list, **config):
@@ -200,6 +216,40 @@ def test_calibrate_accepts_the_usual_forms_of_data():
 
 
 torchvision = pytest.importorskip("torchvision")
+
+
+def _qviz_only(model: nn.Module, batches: list, per_channel: bool):
+    """qviz's own XNNPACKQuantizer and observers through qviz; torchao's through torchao."""
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(model.eval(), (batches[0],))
+    ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel=per_channel))
+    config = get_symmetric_quantization_config(is_per_channel=per_channel)
+    ours = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    for b in batches:
+        ref(b)
+    qviz.calibrate(ours, batches, progress=False)
+    return ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qviz_quantizer_and_observers_end_to_end_digits(per_channel):
+    batches = [b[0] for b in digits_loaders(batch_size=36).calibration]
+    ref, ours = _qviz_only(digits_model(), batches, per_channel)
+    assert _qparams(ours) == _qparams(ref)
+    for x in batches:
+        assert torch.equal(ours(x), ref(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_qviz_quantizer_and_observers_end_to_end_torchvision(name):
+    model = getattr(torchvision.models, name)(weights=None)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(2, 3, 224, 224, generator=g) for _ in range(2)]
+    ref, ours = _qviz_only(model, batches, per_channel=True)
+    assert _qparams(ours) == _qparams(ref)
+    assert torch.equal(ours(batches[1]), ref(batches[1]))
 
 
 @pytest.mark.slow
