@@ -226,7 +226,10 @@ def test_histc_equals_torch_histc_on_bin_edges():
 @pytest.mark.parametrize("method", CALIB_METHODS)
 def test_histogram_methods_use_the_calibrators_amax(method):
     batches = _batches("grow_shrink", seed=11)
-    obs = _feed(qo.HistogramObserver(dtype=torch.int8, qscheme=torch.per_tensor_symmetric), batches)
+    obs = _feed(
+        qo.HistogramObserver(dtype=torch.int8, switchable=True, qscheme=torch.per_tensor_symmetric),
+        batches,
+    )
     calib = HistogramCalibrator(8, num_bins=2048)
     for x in batches:
         calib.collect(x)
@@ -255,7 +258,7 @@ def test_histogram_methods_clip_the_observed_range(method, qscheme):
 
 def test_method_can_change_after_calibration():
     batches = _batches("outlier", seed=15)
-    obs = _feed(qo.HistogramObserver(dtype=torch.int8), batches)
+    obs = _feed(qo.HistogramObserver(dtype=torch.int8, switchable=True), batches)
     results = {m: obs.calculate_qparams(method=m) for m in qo.HISTOGRAM_METHODS}
     assert obs.method == "l2"  # a per-call method does not change the observer
     for method in qo.HISTOGRAM_METHODS:
@@ -282,12 +285,12 @@ def test_not_switchable_keeps_only_what_its_method_needs():
         entropy_only.method = "l2"
     entropy_only.method = "mse"  # among calibrator methods switching stays possible
     assert entropy_only.calculate_qparams()[0].shape == (1,)
-    wide = qo.HistogramObserver(dtype=torch.int32)  # the calibrator stops at 16 bits
+    wide = qo.HistogramObserver(dtype=torch.int32)  # l2 only: nothing else is kept
     assert wide.calibrator is None and not wide.switchable
     with pytest.raises(ConfigError, match="16 bits"):
         qo.HistogramObserver(dtype=torch.int32, method="entropy")
     assert qo.HistogramObserver(method=CalibMethod.ENTROPY).method == "entropy"
-    both = _feed(qo.HistogramObserver(), batches)
+    both = _feed(qo.HistogramObserver(switchable=True), batches)
     for method, option in (("l2", {"percentile": 99.0}), ("mse", {"bins": 3})):
         with pytest.raises(ConfigError, match="do not apply"):
             both.calculate_qparams(method=method, **option)
@@ -530,7 +533,7 @@ def test_data_errors_name_the_problem():
 
 # -- bookkeeping, state and reprs -------------------------------------------------------------
 def test_reset_forgets_everything():
-    obs = _feed(qo.HistogramObserver(dtype=torch.int8), _batches("randn"))
+    obs = _feed(qo.HistogramObserver(dtype=torch.int8, switchable=True), _batches("randn"))
     obs.reset()
     assert obs.num_batches == obs.num_elements == 0
     assert float(obs.histogram.sum()) == 0.0 and obs.calibrator.num_batches == 0
@@ -565,8 +568,8 @@ def test_state_dict_round_trip_and_deepcopy():
     fresh = qo.PerChannelMinMaxObserver(dtype=torch.int8)
     fresh.load_state_dict(trained.state_dict())  # empty buffers grow to the saved channels
     assert_same_qparams(fresh.calculate_qparams(), trained.calculate_qparams())
-    hist = _feed(qo.HistogramObserver(dtype=torch.int8), _batches("randn"))
-    loaded = qo.HistogramObserver(dtype=torch.int8)
+    hist = _feed(qo.HistogramObserver(dtype=torch.int8, switchable=True), _batches("randn"))
+    loaded = qo.HistogramObserver(dtype=torch.int8, switchable=True)
     loaded.load_state_dict(hist.state_dict())
     assert_same_qparams(loaded.calculate_qparams(), hist.calculate_qparams())
     with pytest.raises(CalibrationError, match="state_dict"):
@@ -597,3 +600,11 @@ def test_every_public_name_is_exported():
     names.append("DerivedQParamsObserver")
     assert {*names, "ObserverBase"} <= set(qo.__all__)
     assert all(issubclass(getattr(qo, name), qo.ObserverBase) for name in names)
+
+
+def test_default_histogram_observer_keeps_one_histogram():
+    """The default costs one histogram per batch; switching methods later is opt-in."""
+    default = _feed(qo.HistogramObserver(dtype=torch.int8), _batches("randn", seed=3))
+    assert default.calibrator is None and not default.switchable
+    with pytest.raises(ConfigError, match="switchable=True"):
+        default.calculate_qparams(method="entropy")
