@@ -74,8 +74,6 @@ def _saved_bytes(module, example) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    import torch
-
     import qviz
     from qviz.data import digits_loaders, digits_model, evaluate
     from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -84,8 +82,7 @@ def _quantize(args: argparse.Namespace) -> int:
     loaders = digits_loaders(batch_size=args.batch_size)
     calib = [images for images, _ in loaders.calibration]
     example = (calib[0],)
-    batch = torch.export.Dim("batch", min=1, max=4096)  # every batch size, short last one too
-    exported = qviz.export(model, example, dynamic_shapes=({0: batch},))
+    exported = qviz.export(model, example, dynamic_batch=True)  # the short last batch too
     config = get_symmetric_quantization_config(is_per_channel=not args.per_tensor)
     prepared = qviz.prepare_pt2e(exported, XNNPACKQuantizer().set_global(config))
     qviz.calibrate(prepared, calib, progress=False)

@@ -26,6 +26,7 @@ def export(
     *,
     example_kwargs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
+    dynamic_batch: bool = False,
     strict: bool = False,
 ) -> GraphModule:
     """``torch.export.export(model, example_inputs).module()``: the graph qviz quantizes.
@@ -38,6 +39,8 @@ def export(
         example_inputs: a tuple of example positional inputs (a single tensor is accepted).
         example_kwargs: example keyword inputs.
         dynamic_shapes: as for ``torch.export.export`` (e.g. a dynamic batch dimension).
+        dynamic_batch: make dimension 0 of every tensor input dynamic (one shared "batch"
+            size), so batches of any size run, the short last one of a DataLoader included.
         strict: use torch.export's strict (TorchDynamo) tracing; some quantizers need it.
 
     Raises:
@@ -51,6 +54,14 @@ def export(
         raise ConfigError(
             f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}: "
             f"wrap a single input as (x,)"
+        )
+    if dynamic_batch:
+        if dynamic_shapes is not None:
+            raise ConfigError("give dynamic_batch=True or dynamic_shapes, not both")
+        batch = torch.export.Dim("batch", min=1, max=2**20)
+        dynamic_shapes = tuple(
+            {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+            for x in example_inputs
         )
     try:
         program = torch.export.export(

@@ -194,11 +194,7 @@ class QuantPlan:
 
     def group_of(self, producer: str, consumer: str | None = None) -> GroupRecord:
         """The group observing ``producer -> consumer`` (or ``producer``'s output)."""
-        ref = TensorRef(producer, consumer)
-        for record in self.tensors:
-            if record.tensor == ref:
-                return self.groups[record.group]
-        raise KeyError(f"{ref} is not observed; observed tensors: {[str(t.tensor) for t in self]}")
+        return self.groups[self.record(producer, consumer).group]
 
     def with_qparams(self, qparams: dict[int, QParams]) -> QuantPlan:
         """A copy whose groups carry the given qparams."""
@@ -212,19 +208,28 @@ class QuantPlan:
             raise ValueError(f"kind must be one of {sorted(rows)}, got {kind!r}")
         return [asdict(r) for r in rows[kind]]
 
+    def record(self, producer: str, consumer: str | None = None) -> TensorRecord:
+        """The record of ``producer -> consumer`` (or ``producer``'s output)."""
+        ref = TensorRef(producer, consumer)
+        for rec in self.tensors:
+            if rec.tensor == ref:
+                return rec
+        raise KeyError(f"{ref} is not observed; observed tensors: {[str(t.tensor) for t in self]}")
+
     def __str__(self) -> str:
         lines = [f"QuantPlan: {len(self.groups)} observer groups, {len(self.tensors)} tensors"]
+        records = {rec.tensor: rec for rec in self.tensors}
         for g in self.groups:
-            s = g.spec
-            spec = f"{s.kind} {s.dtype} [{s.quant_min}, {s.quant_max}] {s.qscheme or ''}".rstrip()
-            lines.append(f"  group {g.group} ({g.observer}): {spec}")
+            lines.append(f"  group {g.group} ({g.observer}): {_describe_group(g)}")
             for ref in g.members:
-                rec = next(t for t in self.tensors if t.tensor == ref)
+                rec = records[ref]
                 via = f" via {rec.via}" if rec.via and rec.how != "own spec" else ""
                 lines.append(f"    {ref}  [{rec.how}{via}]")
         if self.float_nodes:
             lines.append(f"  left in float: {len(self.float_nodes)}")
-            lines += [f"    {f.node} ({f.op}): {f.reason}" for f in self.float_nodes]
+            for f in self.float_nodes:
+                detail = f" ({f.detail})" if f.detail else ""
+                lines.append(f"    {f.node} ({f.op}): {f.reason}{detail}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -232,6 +237,29 @@ class QuantPlan:
             f"QuantPlan(groups={len(self.groups)}, tensors={len(self.tensors)}, "
             f"float_nodes={len(self.float_nodes)})"
         )
+
+
+def _range(s: SpecSummary) -> str:
+    full = {"int32": (-(2**31), 2**31 - 1)}.get(s.dtype or "")
+    return "full range" if full == (s.quant_min, s.quant_max) else f"[{s.quant_min}, {s.quant_max}]"
+
+
+def _describe_group(g: GroupRecord) -> str:
+    """``observed int8 [-128, 127] per_tensor_affine HistogramObserver scale=0.0123 zp=-4``."""
+    s = g.spec
+    text = f"{s.kind} {s.dtype} {_range(s)} {s.qscheme or ''}".rstrip()
+    if s.kind == "observed" and s.observer:
+        text += f" {s.observer}"
+    if s.kind == "derived":
+        text += " derived from " + ", ".join(str(r) for r in s.derived_from)
+    qparams = g.qparams or (QParams(s.scale, s.zero_point) if s.kind == "fixed" else None)
+    if qparams is not None:
+        if isinstance(qparams.scale, tuple):
+            scales = qparams.scale
+            text += f" scale={min(scales):.4g}..{max(scales):.4g} ({len(scales)} channels)"
+        else:
+            text += f" scale={qparams.scale:.4g} zp={qparams.zero_point}"
+    return text
 
 
 def _float_records(

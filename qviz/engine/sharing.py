@@ -154,7 +154,7 @@ class _Resolver:
         while isinstance(spec, SharedQuantizationSpec):
             root = self.find(self.target(chain[-1], spec))
             if root in chain:
-                names = " -> ".join(describe(k) for k in [*chain, root])
+                names = " => ".join(f"({describe(k)})" for k in [*chain, root])
                 raise AnnotationError(
                     f"sharing cycle with no concrete spec: {names}; give one of these a "
                     f"QuantizationSpec (or FixedQParams/Derived spec) for the others to share"
@@ -191,12 +191,19 @@ def _link_all(resolver: _Resolver, implicit: Callable[[Node], bool]) -> None:
 def _memberships(
     resolver: _Resolver, members: tuple[EdgeOrNode, ...], group: int, owner: EdgeOrNode
 ) -> dict[EdgeOrNode, Membership]:
-    """Breadth-first from the owner: direct links keep their kind, longer paths are transitive."""
+    """Breadth-first from the owner: direct links keep their kind, longer paths are transitive.
+
+    Two tensors linked both implicitly and explicitly are reported as explicit: that is what
+    the quantizer wrote."""
     out = {owner: Membership(owner, group, Link.OWN_SPEC, None)}
     queue = deque([owner])
     while queue:
         current = queue.popleft()
+        links: dict[EdgeOrNode, Link] = {}
         for neighbour, how in resolver.links[current]:
+            if links.get(neighbour) is not Link.EXPLICIT:
+                links[neighbour] = how
+        for neighbour, how in links.items():
             if neighbour not in out:
                 kind = how if current == owner else Link.TRANSITIVE
                 out[neighbour] = Membership(neighbour, group, kind, current)
