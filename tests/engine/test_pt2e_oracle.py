@@ -242,7 +242,7 @@ def test_qviz_quantizer_and_observers_end_to_end_digits(per_channel):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "resnet50"])
 def test_qviz_quantizer_and_observers_end_to_end_torchvision(name):
     model = getattr(torchvision.models, name)(weights=None)
     g = torch.Generator().manual_seed(0)
