@@ -56,18 +56,29 @@ def _deterministic() -> Iterator[None]:
 def evaluate(model: nn.Module, loader: DataLoader) -> float:
     """Top-1 accuracy of ``model`` over ``(images, labels)`` batches, in eval mode.
 
-    The model's train/eval mode is restored afterwards.
+    The model's train/eval mode is restored afterwards. Graphs from ``torch.export`` (exported,
+    prepared, converted or loaded back) keep the mode they were captured in and refuse
+    ``.eval()``; they are evaluated as they are.
     """
     was_training = model.training
-    model.eval()
+    switched = _set_mode(model, training=False)
     correct = total = 0
     try:
         for images, labels in loader:
             correct += int((model(images).argmax(1) == labels).sum())
             total += labels.numel()
     finally:
-        model.train(was_training)
+        if switched:
+            model.train(was_training)
     return correct / total
+
+
+def _set_mode(model: nn.Module, *, training: bool) -> bool:
+    try:
+        model.train(training)
+    except NotImplementedError:  # torch.export's modules: the mode is fixed at capture
+        return False
+    return True
 
 
 def train_digits_model(*, progress: bool = False) -> tuple[DigitsNet, float]:

@@ -92,3 +92,16 @@ def test_missing_or_damaged_checkpoint_says_how_to_fix_it(tmp_path, monkeypatch)
     (tmp_path / f"{CHECKPOINT_NAME}.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(QvizError, match="sha256"):
         digits_model()
+
+
+def test_evaluate_accepts_exported_and_reloaded_programs(tmp_path):
+    import qviz
+
+    loaders = digits_loaders(batch_size=60)
+    model = digits_model()
+    gm = qviz.export(model, (next(iter(loaders.test))[0],), dynamic_batch=True)
+    path = tmp_path / "digits.pt2"
+    torch.export.save(torch.export.export(gm, (torch.randn(60, 1, 8, 8),)), path)
+    expected = evaluate(model, loaders.test)
+    assert evaluate(gm, loaders.test) == expected
+    assert evaluate(torch.export.load(path).module(), loaders.test) == expected

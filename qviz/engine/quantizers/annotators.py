@@ -213,6 +213,8 @@ def _annotate_adaptive_avg_pool2d(
             continue
         shared = output_is_annotated(source)
         in_spec = SharedQuantizationSpec(source) if shared else config.input_activation
+        if in_spec is None:  # a weight-only config: no activation to share
+            continue
         annotate(pool, {source: in_spec}, SharedQuantizationSpec((source, pool)))
         out.append([pool])
     return out
@@ -271,6 +273,8 @@ _annotate_mul = _binary(MUL_OPS, with_relu=False)
 def _annotate_cat(gm: GraphModule, config: QuantizationConfig, scope: Scope) -> list[Partition]:
     """The first input gets act; the other inputs and the output share that first input edge."""
     out = []
+    if config.input_activation is None:  # a weight-only config: no activation to share
+        return out
     for cat in nodes_calling(gm.graph, [aten.cat.default]):
         tensors = [t for t in cat.args[0] if isinstance(t, Node)]
         if not tensors or is_annotated([cat]) or not scope.accepts(cat, [cat]):

@@ -170,3 +170,17 @@ def test_a_claimed_node_is_left_alone_an_unclaimed_one_is_taken(exported: GraphM
     with pytest.raises(AnnotationError, match=r"then re-annotated by quantizer #1 \(XNNPACK"):
         gm = copy.deepcopy(exported)
         ComposableQuantizer([Convs(), XNNPACKQuantizer().set_global(STATIC)]).annotate(gm)
+
+
+def test_a_weight_only_config_observes_only_weights():
+    """No activation spec: nothing shares an activation edge, and prepare succeeds."""
+    import qviz
+    from qviz.data import digits_model
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    from qviz.engine.specs import QuantizationConfig
+
+    weight = get_symmetric_quantization_config(is_per_channel=True).weight
+    config = QuantizationConfig(None, None, weight, None, False)
+    gm = qviz.export(digits_model(), (torch.randn(2, 1, 8, 8),))
+    plan = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config)).plan
+    assert plan.groups and all(g.owner.producer.endswith("weight") for g in plan.groups)
