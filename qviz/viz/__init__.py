@@ -1,0 +1,21 @@
+"""Views of the engine's records: graphs of a model at each stage, histograms of what observers
+and calibrators saw with the range each method picks, and every observer's range at a glance.
+
+Each view reads records (the QuantPlan, observers' and calibrators' statistics) and returns an
+object that renders itself: a :class:`QGraph` (SVG in Jupyter) or a matplotlib Figure.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.viz import graph, histogram
+    >>> graph(qviz.export(torch.nn.ReLU(), (torch.randn(2),))).stage
+    'float'
+    >>> fig = histogram(torch.randn(10_000), methods=("max", "mse"))
+    >>> [row["method"] for row in fig.qviz_rows]
+    ['max', 'mse']
+"""
+
+from qviz.viz.graph import QGraph, graph
+from qviz.viz.histogram import histogram
+from qviz.viz.ranges import ranges
+
+__all__ = ["QGraph", "graph", "histogram", "ranges"]

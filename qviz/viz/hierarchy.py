@@ -1,0 +1,123 @@
+"""The module hierarchy of a graph view: which boxes to collapse, which clusters to draw.
+
+Each op carries the innermost module path it came from (``nn_module_stack``), e.g.
+``layer1.0.conv1``. Collapsing merges every op under a module path into one box labelled with
+the path and its op count; observer markers between two ops of the same box disappear with them.
+
+Example:
+    >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+    >>> view = GraphView("float", (
+    ...     ViewNode("a", "op", "conv2d", module="block.conv"),
+    ...     ViewNode("b", "op", "relu", module="block.relu"),
+    ...     ViewNode("c", "output", "output")), (ViewEdge("a", "b"), ViewEdge("b", "c")))
+    >>> small = collapse(view, 1)
+    >>> [(n.name, n.count) for n in small.nodes], [(e.src, e.dst) for e in small.edges]
+    ([('module/block', 2), ('c', 1)], [('module/block', 'c')])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qviz.errors import ConfigError
+from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+
+__all__ = ["cluster_paths", "collapse", "collapsed_path"]
+
+
+def collapsed_path(module: str, collapse_: int | Sequence[str] | None) -> str | None:
+    """The module path ``module`` is merged into, or None when it stays expanded."""
+    if not module or collapse_ is None:
+        return None
+    if isinstance(collapse_, int) and not isinstance(collapse_, bool):
+        parts = module.split(".")
+        return ".".join(parts[:collapse_]) if len(parts) >= collapse_ else None
+    for path in collapse_:
+        if module == path or module.startswith(f"{path}."):
+            return path
+    return None
+
+
+def _check(collapse_: object) -> None:
+    if collapse_ is None:
+        return
+    if isinstance(collapse_, int) and not isinstance(collapse_, bool):
+        if collapse_ < 1:
+            raise ConfigError(
+                f"collapse={collapse_}: give a depth >= 1, a list of module paths or None"
+            )
+        return
+    if isinstance(collapse_, str) or not all(isinstance(p, str) for p in collapse_):  # type: ignore[union-attr]
+        raise ConfigError(
+            f"collapse={collapse_!r}: give a depth (int), a list of module paths such as "
+            f"['layer1'], or None"
+        )
+
+
+def _representatives(view: GraphView, collapse_: int | Sequence[str] | None) -> dict[str, str]:
+    rep = {}
+    for node in view.nodes:
+        path = collapsed_path(node.module, collapse_) if node.kind != "marker" else None
+        rep[node.name] = f"module/{path}" if path is not None else node.name
+    neighbours: dict[str, set[str]] = {}
+    for e in view.edges:
+        neighbours.setdefault(e.src, set()).add(e.dst)
+        neighbours.setdefault(e.dst, set()).add(e.src)
+    for node in view.nodes:  # a marker inside one collapsed box vanishes into it
+        if node.kind == "marker":
+            reps = {rep[n] for n in neighbours.get(node.name, ()) if rep[n] != n}
+            outside = [n for n in neighbours.get(node.name, ()) if rep[n] == n]
+            if len(reps) == 1 and not outside:
+                rep[node.name] = reps.pop()
+    return rep
+
+
+def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphView:
+    """``view`` with every module at depth ``collapse_`` (or named in it) merged into one box.
+
+    Args:
+        view: the records of :func:`qviz.viz.stages.read_graph`.
+        collapse_: a depth (``2`` keeps ``layer1.0`` and merges ``layer1.0.conv1`` into it),
+            module paths (``["layer1"]``), or None to keep everything.
+
+    Raises:
+        ConfigError: ``collapse_`` is neither a positive int, a list of paths nor None.
+    """
+    _check(collapse_)
+    if collapse_ is None:
+        return view
+    rep = _representatives(view, collapse_)
+    types = dict(view.module_types)
+    nodes: dict[str, ViewNode] = {}
+    counts: dict[str, int] = {}
+    for node in view.nodes:
+        name = rep[node.name]
+        if name == node.name:
+            nodes[name] = node
+            continue
+        if node.kind != "marker":
+            counts[name] = counts.get(name, 0) + node.count
+        if name not in nodes:
+            path = name.removeprefix("module/")
+            parent = path.rpartition(".")[0]
+            nodes[name] = ViewNode(name, "collapsed", path, types.get(path, ""), parent)
+    for name, count in counts.items():
+        old = nodes[name]
+        nodes[name] = ViewNode(name, old.kind, old.label, old.detail, old.module, count=count)
+    edges = dict.fromkeys(
+        ViewEdge(rep[e.src], rep[e.dst]) for e in view.edges if rep[e.src] != rep[e.dst]
+    )
+    return GraphView(view.stage, tuple(nodes.values()), tuple(edges), view.module_types)
+
+
+def cluster_paths(view: GraphView) -> list[str]:
+    """Module paths worth a cluster: those holding two ops or more (sorted, parents first)."""
+    held: dict[str, int] = {}
+    for node in view.nodes:
+        if node.kind == "marker":
+            continue
+        parts = node.module.split(".") if node.module else []
+        for depth in range(1, len(parts) + 1):
+            path = ".".join(parts[:depth])
+            held[path] = held.get(path, 0) + 1
+    return sorted(p for p, n in held.items() if n >= 2)
