@@ -1,7 +1,8 @@
 """The ``qviz`` command.
 
-``qviz`` runs the main job on the embedded digits model: ``qviz quantize`` (the PT2E flow:
-export, prepare, calibrate, convert; float vs int8 accuracy and size) then ``qviz calibrators``
+``qviz`` runs the main job on the embedded digits model: ``qviz quantize --report report.html``
+(the PT2E flow: export, prepare, calibrate, convert; float vs int8 accuracy and size; an HTML
+report of the prepared model) then ``qviz calibrators``
 (what each calibration method picks for every Conv/Linear weight and input). ``qviz
 train-digits`` re-trains the embedded model and rewrites its checkpoint.
 
@@ -103,6 +104,10 @@ def _quantize(args: argparse.Namespace) -> int:
         f"  test accuracy: float {float_acc:.2%}, int8 {int8_acc:.2%} "
         f"({int8_acc - float_acc:+.2%}) on {sum(len(y) for _, y in test)} images"
     )
+    if getattr(args, "report", None):
+        from qviz.viz import report
+
+        print(f"  wrote {report(prepared, args.report, title='qviz report: DigitsNet')}")
     f_size, q_size = _saved_bytes(exported, example), _saved_bytes(quantized, example)
     print(
         f"  saved program: float {f_size / 1024:.0f} KiB, int8 {q_size / 1024:.0f} KiB "
@@ -139,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     quant = sub.add_parser("quantize", help="PT2E flow on the digits model: float vs int8")
     quant.add_argument("--batch-size", type=int, default=64, help="batch size (64)")
     quant.add_argument("--per-tensor", action="store_true", help="per-tensor weights")
+    quant.add_argument(
+        "--report", type=Path, help="also write an HTML report of the prepared model"
+    )
     quant.set_defaults(func=_quantize)
     cal = sub.add_parser("calibrators", help="compare calibration methods on the digits model")
     cal.add_argument("--batch-size", type=int, default=64, help="calibration batch size (64)")
@@ -162,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # the main job: both reports with their defaults
         args = parser.parse_args(["calibrators"])
         args.per_tensor = False
+        args.report = Path("report.html")
         args.func = _main_job
     try:
         return args.func(args)

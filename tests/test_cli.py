@@ -17,9 +17,12 @@ def test_main_job_prints_the_calibrator_table(capsys, tmp_path):
     assert csv.read_text().splitlines()[0] == "tensor,kind,method,amax,scale,clipped,sqnr_db,best"
 
 
-def test_no_arguments_runs_the_main_job(capsys):
+def test_no_arguments_runs_the_main_job(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main([]) == 0
     out = capsys.readouterr().out
+    html = (tmp_path / "report.html").read_text()  # the main job writes the report
+    assert "<svg" in html and "data:image/png;base64," in html
     assert "SQNR dB" in out  # the calibrator table
     assert "test accuracy: float 99.72%, int8" in out  # the PT2E flow
     assert "left in float: 0" in out

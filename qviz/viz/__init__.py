@@ -1,5 +1,6 @@
 """Views of the engine's records: graphs of a model at each stage, histograms of what observers
-and calibrators saw with the range each method picks, and every observer's range at a glance.
+and calibrators saw with the range each method picks, every observer's range at a glance, and a
+self-contained HTML report of all of it.
 
 Each view reads records (the QuantPlan, observers' and calibrators' statistics) and returns an
 object that renders itself: a :class:`QGraph` (SVG in Jupyter) or a matplotlib Figure.
@@ -14,8 +15,9 @@ Example:
     ['max', 'mse']
 """
 
-from qviz.viz.graph import QGraph, graph
-from qviz.viz.histogram import histogram
-from qviz.viz.ranges import ranges
+from qviz.viz.graphs import QGraph, graph
+from qviz.viz.histograms import histogram
+from qviz.viz.html_report import report
+from qviz.viz.range_view import ranges
 
-__all__ = ["QGraph", "graph", "histogram", "ranges"]
+__all__ = ["QGraph", "graph", "histogram", "ranges", "report"]

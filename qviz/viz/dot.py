@@ -17,14 +17,15 @@ Example:
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Collection
 from typing import Any
 
 from qviz.errors import MissingDependencyError
 from qviz.viz.hierarchy import cluster_paths
-from qviz.viz.stages import GraphView, ViewNode
+from qviz.viz.stages import GraphView, ViewEdge, ViewNode
 
-__all__ = ["PALETTE", "group_colour", "to_digraph"]
+__all__ = ["HEAT", "PALETTE", "group_colour", "heat_colour", "to_digraph"]
 
 #: Fill colours of sharing groups (group id modulo the length), pastels with no grey: grey
 #: means "left in float".
@@ -46,10 +47,40 @@ _STYLE = {  # kind: (fill, border, font colour)
 }
 _HIGHLIGHT = "#d62728"
 
+#: Metric colormap anchors, low to high (red, yellow, green; light enough for black text).
+HEAT = ("#f46d43", "#fee08b", "#66bd63")
+_BAR_CELLS = 9
+
 
 def group_colour(group: int) -> str:
     """The fill colour of sharing group ``group``."""
     return PALETTE[group % len(PALETTE)]
+
+
+def heat_colour(t: float) -> str:
+    """The colour of ``t`` in [0, 1] on :data:`HEAT` (linear in RGB; outside values clip).
+
+    Example:
+        >>> heat_colour(0.0), heat_colour(1.0), heat_colour(0.5) == HEAT[1]
+        ('#f46d43', '#66bd63', True)
+    """
+    t = min(max(t, 0.0), 1.0) * (len(HEAT) - 1)
+    i = min(int(t), len(HEAT) - 2)
+    a, b = (tuple(int(c[k : k + 2], 16) for k in (1, 3, 5)) for c in HEAT[i : i + 2])
+    mix = [round(x + (y - x) * (t - i)) for x, y in zip(a, b, strict=True)]
+    return "#" + "".join(f"{v:02x}" for v in mix)
+
+
+def _metric_range(view: GraphView) -> tuple[float, float] | None:
+    values = [n.value for n in view.nodes if n.value is not None and math.isfinite(n.value)]
+    return (min(values), max(values)) if values else None
+
+
+def _value_colour(value: float, span: tuple[float, float]) -> str:
+    lo, hi = span
+    if math.isinf(value):
+        return heat_colour(1.0 if value > 0 else 0.0)
+    return heat_colour((value - lo) / (hi - lo) if hi > lo else 0.5)
 
 
 def _graphviz() -> Any:
@@ -63,10 +94,12 @@ def _graphviz() -> Any:
     return graphviz
 
 
-def _table(node: ViewNode, highlighted: bool) -> str:
+def _table(node: ViewNode, highlighted: bool, span: tuple[float, float] | None, metric: str) -> str:
     fill, border, font = _STYLE.get(node.kind, _STYLE["op"])
     if node.group is not None:
         fill = group_colour(node.group)
+    if node.value is not None and span is not None:
+        fill = _value_colour(node.value, span)
     width = 3 if highlighted else 1
     border = _HIGHLIGHT if highlighted else border
     title = html.escape(node.label)
@@ -78,6 +111,9 @@ def _table(node: ViewNode, highlighted: bool) -> str:
     for line in node.detail.split("\\n") if node.detail else ():
         text = html.escape(line)
         rows.append(f'<tr><td><font point-size="9" color="#555555">{text}</font></td></tr>')
+    if node.value is not None:
+        text = html.escape(f"{metric} {node.value:.3g}".strip())
+        rows.append(f'<tr><td><font point-size="10"><b>{text}</b></font></td></tr>')
     style = ' style="rounded"' if node.kind in ("input", "output", "collapsed") else ""
     return (
         f'<<table border="{width}" cellborder="0" cellspacing="0" cellpadding="3" '
@@ -85,7 +121,9 @@ def _table(node: ViewNode, highlighted: bool) -> str:
     )
 
 
-def _add_node(g: Any, node: ViewNode, highlighted: bool) -> None:
+def _add_node(
+    g: Any, node: ViewNode, highlighted: bool, span: tuple[float, float] | None, metric: str
+) -> None:
     tooltip = node.tooltip or node.name
     if node.kind == "marker":
         label = node.label if not node.detail else f"{node.label}\\n{node.detail}"
@@ -102,7 +140,10 @@ def _add_node(g: Any, node: ViewNode, highlighted: bool) -> None:
             tooltip=tooltip,
         )
         return
-    g.node(node.name, label=_table(node, highlighted), shape="plaintext", tooltip=tooltip)
+    if node.value is not None:
+        tooltip = f"{metric or 'metric'} = {node.value:.6g}\\n{tooltip}"
+    label = _table(node, highlighted, span, metric)
+    g.node(node.name, label=label, shape="plaintext", tooltip=tooltip)
 
 
 def _is_highlighted(node: ViewNode, highlight: Collection[str]) -> bool:
@@ -144,8 +185,32 @@ def _emit(
             _emit(sub, child, tree, members, draw, types)
 
 
-def _legend(g: Any, stage: str) -> None:
+def _colour_bar(span: tuple[float, float], metric: str) -> str:
+    """A legend row: the metric's name, then ``min [cells low to high] max``."""
+    lo, hi = span
+    cells = "".join(
+        f'<td bgcolor="{heat_colour(i / (_BAR_CELLS - 1))}" width="12"> </td>'
+        for i in range(_BAR_CELLS)
+    )
+    bar = (
+        f'<table border="0" cellspacing="0" cellpadding="2"><tr><td align="right">{lo:.3g}</td>'
+        f'{cells}<td align="left">{hi:.3g}</td></tr></table>'
+    )
+    name = html.escape(metric or "metric")
+    return (
+        f'<tr><td colspan="2" align="left">{name}: low (red) to high (green)</td></tr>'
+        f'<tr><td colspan="2">{bar}</td></tr>'
+    )
+
+
+def _legend_rows(stage: str) -> list[tuple[str, str]]:
     rows = [("#ffffff", "op")]
+    if stage == "annotated":
+        rows += [
+            ("", "edge label: input spec (dtype [quant_min,quant_max] sym/aff, /chN axis)"),
+            ("", "out ...: output spec; fixed s= zp=, shares (...), derived from ..."),
+            ("", "grey dashed edge 'float': input annotated None"),
+        ]
     if stage == "observed":
         rows += [(PALETTE[0], "gN: observer of sharing group N (same colour = one observer)")]
     if stage == "converted":
@@ -153,14 +218,22 @@ def _legend(g: Any, stage: str) -> None:
             (_STYLE["quantize"][0], "quantize (scale, zero_point)"),
             (_STYLE["dequantize"][0], "dequantize; int8 weight: stored integer weight"),
         ]
-    rows += [
-        (_STYLE["float"][0], "left in float (hover: reason)"),
-        (_STYLE["collapsed"][0], "collapsed module (op count)"),
-    ]
+    rows.append((_STYLE["float"][0], "left in float (hover: reason)"))
+    rows.append((_STYLE["collapsed"][0], "collapsed module (op count)"))
+    return rows
+
+
+def _bg(colour: str) -> str:
+    return f' bgcolor="{colour}"' if colour else ""
+
+
+def _legend(g: Any, stage: str, span: tuple[float, float] | None, metric: str) -> None:
     cells = "".join(
-        f'<tr><td bgcolor="{c}" width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
-        for c, t in rows
+        f'<tr><td{_bg(c)} width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
+        for c, t in _legend_rows(stage)
     )
+    if span is not None:
+        cells += _colour_bar(span, metric)
     label = (
         f'<<table border="0" cellspacing="2" cellpadding="2"><tr><td colspan="2">'
         f"<b>{stage} graph</b></td></tr>{cells}</table>>"
@@ -179,7 +252,7 @@ def to_digraph(view: GraphView, highlight: Collection[str] = (), legend: bool = 
         "qviz",
         graph_attr={"rankdir": "TB", "nodesep": "0.25", "ranksep": "0.3", "fontname": "Helvetica"},
         node_attr={"fontname": "Helvetica", "fontsize": "11"},
-        edge_attr={"arrowsize": "0.6", "color": "#555555"},
+        edge_attr={"arrowsize": "0.6", "color": "#555555", "fontname": "Helvetica"},
     )
     paths = cluster_paths(view)
     tree: dict[str, list[str]] = {}
@@ -190,13 +263,25 @@ def to_digraph(view: GraphView, highlight: Collection[str] = (), legend: bool = 
     for node in view.nodes:
         members.setdefault(_home(node, paths), []).append(node)
     marked = set(highlight)
+    span = _metric_range(view)
 
     def draw(sub: Any, node: ViewNode) -> None:
-        _add_node(sub, node, _is_highlighted(node, marked))
+        _add_node(sub, node, _is_highlighted(node, marked), span, view.metric)
 
     _emit(g, "", tree, members, draw, dict(view.module_types))
     for e in view.edges:
-        g.edge(e.src, e.dst)
+        g.edge(e.src, e.dst, **_edge_attrs(e))
     if legend:
-        _legend(g, view.stage)
+        _legend(g, view.stage, span, view.metric)
     return g
+
+
+def _edge_attrs(edge: ViewEdge) -> dict[str, str]:
+    attrs: dict[str, str] = {}
+    if edge.label:
+        attrs.update(label=edge.label, fontsize="8", fontcolor="#1f4e79")
+    if edge.tooltip:
+        attrs.update(tooltip=edge.tooltip, labeltooltip=edge.tooltip)
+    if edge.style == "float":
+        attrs.update(style="dashed", color="#aaaaaa", fontcolor="#888888")
+    return attrs

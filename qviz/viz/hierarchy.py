@@ -3,6 +3,7 @@
 Each op carries the innermost module path it came from (``nn_module_stack``), e.g.
 ``layer1.0.conv1``. Collapsing merges every op under a module path into one box labelled with
 the path and its op count; observer markers between two ops of the same box disappear with them.
+A collapsed box carries the lowest (worst) metric value of its members.
 
 Example:
     >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
@@ -90,6 +91,7 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
     types = dict(view.module_types)
     nodes: dict[str, ViewNode] = {}
     counts: dict[str, int] = {}
+    worst: dict[str, float] = {}
     for node in view.nodes:
         name = rep[node.name]
         if name == node.name:
@@ -97,17 +99,37 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
             continue
         if node.kind != "marker":
             counts[name] = counts.get(name, 0) + node.count
+        if node.value is not None:
+            worst[name] = min(worst.get(name, node.value), node.value)
         if name not in nodes:
             path = name.removeprefix("module/")
             parent = path.rpartition(".")[0]
             nodes[name] = ViewNode(name, "collapsed", path, types.get(path, ""), parent)
     for name, count in counts.items():
         old = nodes[name]
-        nodes[name] = ViewNode(name, old.kind, old.label, old.detail, old.module, count=count)
-    edges = dict.fromkeys(
-        ViewEdge(rep[e.src], rep[e.dst]) for e in view.edges if rep[e.src] != rep[e.dst]
+        value = worst.get(name)
+        nodes[name] = ViewNode(
+            name, old.kind, old.label, old.detail, old.module, count=count, value=value
+        )
+    return GraphView(
+        view.stage, tuple(nodes.values()), _merge_edges(view, rep), view.module_types, view.metric
     )
-    return GraphView(view.stage, tuple(nodes.values()), tuple(edges), view.module_types)
+
+
+def _merge_edges(view: GraphView, rep: dict[str, str]) -> tuple[ViewEdge, ...]:
+    """Edges between representatives; an edge that stands for one original keeps its label."""
+    merged: dict[tuple[str, str], list[ViewEdge]] = {}
+    for e in view.edges:
+        if rep[e.src] != rep[e.dst]:
+            merged.setdefault((rep[e.src], rep[e.dst]), []).append(e)
+    edges = []
+    for (src, dst), originals in merged.items():
+        e = originals[0]
+        if len(originals) == 1:
+            edges.append(ViewEdge(src, dst, e.label, e.tooltip, e.style))
+        else:
+            edges.append(ViewEdge(src, dst))
+    return tuple(edges)
 
 
 def cluster_paths(view: GraphView) -> list[str]:

@@ -1,8 +1,9 @@
 """A model at one stage of the flow, read into drawable records: ops, observer markers, edges.
 
-Three stages are recognised from the model itself: ``"float"`` (a captured graph),
-``"observed"`` (``prepare_pt2e``'s result: observers and ``.plan``) and ``"converted"``
-(``convert_pt2e``'s result: quantize/dequantize ops). Observers are not read from the graph's
+Four stages are recognised from the model itself: ``"float"`` (a captured graph),
+``"annotated"`` (a quantizer's annotations in ``node.meta``, not prepared yet), ``"observed"``
+(``prepare_pt2e``'s result: observers and ``.plan``) and ``"converted"`` (``convert_pt2e``'s
+result: quantize/dequantize ops). Observers are not read from the graph's
 observer calls but from the plan's records: each observed edge or node output becomes a small
 marker on the edges it observes, labelled with its sharing group.
 
@@ -19,14 +20,31 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.plan import GroupRecord, QuantPlan, TensorRecord, TensorRef
+from qviz.engine.plan import (
+    QUANTIZABLE_OPS,
+    GroupRecord,
+    QuantPlan,
+    SpecSummary,
+    TensorRecord,
+    TensorRef,
+)
+from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
 
-__all__ = ["GraphView", "ViewEdge", "ViewNode", "describe_group", "read_graph", "stage_of"]
+__all__ = [
+    "GraphView",
+    "ViewEdge",
+    "ViewNode",
+    "annotated_view",
+    "describe_group",
+    "read_graph",
+    "spec_text",
+    "stage_of",
+]
 
 _Q_NAMESPACE = "quantized_decomposed"
 
@@ -37,7 +55,8 @@ class ViewNode:
 
     ``kind`` is one of ``input``, ``output``, ``param``, ``op``, ``float`` (an op the plan left
     in float), ``marker`` (an observer on an edge), ``quantize``, ``dequantize``, ``collapsed``.
-    ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box.
+    ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
+    ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``).
     """
 
     name: str
@@ -49,28 +68,44 @@ class ViewNode:
     tooltip: str = ""
     refs: tuple[str, ...] = ()
     count: int = 1
+    value: float | None = None
 
 
 @dataclass(frozen=True)
 class ViewEdge:
-    """An arrow from ``src`` to ``dst`` (names of :class:`ViewNode`)."""
+    """An arrow from ``src`` to ``dst`` (names of :class:`ViewNode`).
+
+    ``label`` is short text on the arrow (an annotated input spec), ``tooltip`` its full text,
+    ``style`` ``""`` or ``"float"`` (an input the annotation leaves unquantized: grey, dashed).
+    """
 
     src: str
     dst: str
+    label: str = ""
+    tooltip: str = ""
+    style: str = ""
 
 
 @dataclass(frozen=True)
 class GraphView:
-    """What to draw: the stage, the boxes, the arrows, and the type of each module path."""
+    """What to draw: the stage, the boxes, the arrows, and the type of each module path.
+
+    ``metric`` names the values carried by :attr:`ViewNode.value` (``""`` when there are none).
+    """
 
     stage: str
     nodes: tuple[ViewNode, ...]
     edges: tuple[ViewEdge, ...]
     module_types: tuple[tuple[str, str], ...] = ()
+    metric: str = ""
 
 
 def stage_of(model: GraphModule) -> str:
-    """``"observed"``, ``"converted"`` or ``"float"``, read from the model's graph and plan."""
+    """``"observed"``, ``"converted"``, ``"annotated"`` or ``"float"``, read from the model.
+
+    ``"annotated"``: some node carries ``meta["quantization_annotation"]`` and the model has
+    neither observers nor quantize/dequantize ops nor a ``.plan`` (annotated, not prepared).
+    """
     plan = getattr(model, "plan", None)
     observers = {g.observer for g in plan.groups} if isinstance(plan, QuantPlan) else set()
     for node in model.graph.nodes:
@@ -78,6 +113,8 @@ def stage_of(model: GraphModule) -> str:
             return "observed"
         if node.op == "call_function" and _is_qdq(node):
             return "converted"
+    if plan is None and any(Q_ANNOTATION_KEY in n.meta for n in model.graph.nodes):
+        return "annotated"
     return "float"
 
 
@@ -313,6 +350,114 @@ def _float(gm: GraphModule, show_params: bool) -> GraphView:
     return GraphView("float", tuple(nodes.values()), tuple(edges))
 
 
+_SCHEMES = {"affine": "aff", "symmetric": "sym"}
+
+
+def spec_text(spec: SpecSummary) -> tuple[str, str]:
+    """A spec as a short edge label and as full tooltip text.
+
+    Example:
+        >>> spec_text(SpecSummary("observed", "int8", -127, 127, "per_channel_symmetric", 0))[0]
+        'int8 [-127,127] sym/ch0'
+        >>> spec_text(SpecSummary("fixed", "int8", -128, 127, scale=1 / 256, zero_point=-128))[0]
+        'fixed s=0.0039 zp=-128'
+        >>> spec_text(SpecSummary("shared", shared_with=TensorRef("x", "add")))[0]
+        'shares (x -> add)'
+    """
+    if spec.kind == "shared":
+        return f"shares ({spec.shared_with})", f"shared: same observer as {spec.shared_with}"
+    scheme = spec.qscheme or ""
+    short = f"{spec.dtype} [{spec.quant_min},{spec.quant_max}]"
+    short += f" {_SCHEMES.get(scheme.rpartition('_')[2], scheme)}".rstrip()
+    if scheme.startswith("per_channel") and spec.ch_axis is not None:
+        short += f"/ch{spec.ch_axis}"
+    short += " dyn" if spec.is_dynamic else ""
+    full = f"{spec.kind} {spec.dtype} [{spec.quant_min}, {spec.quant_max}] {scheme}"
+    full += f" ch_axis={spec.ch_axis}" if spec.ch_axis is not None else ""
+    full += " dynamic" if spec.is_dynamic else ""
+    if spec.kind == "fixed":
+        short = f"fixed s={spec.scale:.2g} zp={spec.zero_point}"
+        full += f" scale={spec.scale} zero_point={spec.zero_point}"
+    if spec.kind == "derived":
+        short = "derived from " + ", ".join(str(r) for r in spec.derived_from)
+        full += " " + short
+    if spec.observer:
+        full += f" {spec.observer}"
+    return short, full.rstrip()
+
+
+def _read_annotations(gm: GraphModule) -> dict[str, QuantizationAnnotation]:
+    return {
+        n.name: as_annotation(n.meta[Q_ANNOTATION_KEY], n)
+        for n in gm.graph.nodes
+        if n.meta.get(Q_ANNOTATION_KEY) is not None
+    }
+
+
+def _annotated_node(node: Node, ann: QuantizationAnnotation | None) -> ViewNode:
+    if ann is None:
+        quantizable = node.op == "call_function" and node.target in QUANTIZABLE_OPS
+        tip = "not annotated: stays float" if quantizable else node.format_node()
+        if "batch_norm" in str(node.target):
+            tip += " (prepare_pt2e folds BatchNorm into the conv before it)"
+        return _base_node(node, "float" if quantizable else "op", tip)
+    lines = [node.format_node()]
+    for arg, spec in ann.input_qspec_map.items():
+        full = spec_text(SpecSummary.of(spec))[1] if spec is not None else "float (None)"
+        lines.append(f"input {arg.name}: {full}")
+    base = _base_node(node, "op")
+    detail = [base.detail] if base.detail else []
+    if ann.output_qspec is not None:
+        short, full = spec_text(SpecSummary.of(ann.output_qspec))
+        detail.append(f"out {short}")
+        lines.append(f"output: {full}")
+    tip = "\\n".join(lines)
+    return ViewNode(node.name, "op", base.label, "\\n".join(detail), base.module, tooltip=tip)
+
+
+def _annotated_edge(arg: Node, node: Node, ann: QuantizationAnnotation | None) -> ViewEdge:
+    if ann is None or arg not in ann.input_qspec_map:
+        return ViewEdge(arg.name, node.name)
+    spec = ann.input_qspec_map[arg]
+    if spec is None:
+        tip = f"{arg.name} -> {node.name}: annotated None, stays float"
+        return ViewEdge(arg.name, node.name, "float", tip, "float")
+    short, full = spec_text(SpecSummary.of(spec))
+    return ViewEdge(arg.name, node.name, short, f"{arg.name} -> {node.name}: {full}")
+
+
+def annotated_view(model: GraphModule, show_params: bool = False) -> GraphView:
+    """The records of an annotated, not yet prepared graph: specs on edges and under nodes.
+
+    Each input spec labels its edge (``int8 [-127,127] sym/ch0``, ``fixed s=0.0039 zp=-128``,
+    ``shares (x -> add)``, ``derived from a, b``); an output spec is a line ``out ...`` under
+    its node; inputs annotated None are grey dashed ``float`` edges and quantizable ops with no
+    annotation are grey. Parameters in an annotation are drawn even without ``show_params``.
+
+    Raises:
+        ConfigError: a node's ``quantization_annotation`` is not a QuantizationAnnotation.
+    """
+    anns = _read_annotations(model)
+    nodes: dict[str, ViewNode] = {}
+    edges: list[ViewEdge] = []
+    for node in model.graph.nodes:
+        if _hidden(node, show_params, set()):
+            continue
+        ann = anns.get(node.name)
+        nodes[node.name] = _annotated_node(node, ann)
+        for arg in node.all_input_nodes:
+            if _hidden(arg, show_params, set()):
+                if ann is None or arg not in ann.input_qspec_map:
+                    continue
+                param = _base_node(arg, "param", arg.format_node())
+                nodes.setdefault(arg.name, replace(param, module=nodes[node.name].module))
+            if arg.name in nodes:
+                edges.append(_annotated_edge(arg, node, ann))
+    order = {n.name: i for i, n in enumerate(model.graph.nodes)}
+    ordered = tuple(sorted(nodes.values(), key=lambda v: order[v.name]))
+    return GraphView("annotated", ordered, tuple(edges))
+
+
 def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
     """The drawable records of ``model`` at its stage (see :func:`stage_of`)."""
     stage = stage_of(model)
@@ -320,6 +465,8 @@ def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
     plan = plan if isinstance(plan, QuantPlan) else None
     if stage == "observed" and plan is not None:
         view = _observed(model, plan, show_params)
+    elif stage == "annotated":
+        view = annotated_view(model, show_params)
     elif stage == "converted":
         view = _converted(model, plan, show_params)
     else:

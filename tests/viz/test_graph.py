@@ -2,6 +2,7 @@
 
 import re
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -188,3 +189,163 @@ def test_missing_dot_names_the_package(digits, monkeypatch):
     monkeypatch.setattr(g.digraph, "pipe", missing)
     with pytest.raises(qviz.errors.MissingDependencyError, match="apt install graphviz"):
         g.svg()
+
+
+# --- the annotated stage -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def annotated():
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    gm = qviz.export(digits_model().eval(), (x,))
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    XNNPACKQuantizer().set_global(config).annotate(gm)
+    return gm
+
+
+def _edge(g, src, dst):
+    return next(e for e in g.view.edges if (e.src, e.dst) == (src, dst))
+
+
+def test_annotated_stage_is_detected(annotated, digits):
+    assert graph(annotated).stage == "annotated"
+    gm, prepared, converted = digits
+    assert [graph(m).stage for m in (gm, prepared, converted)] == [
+        "float",
+        "observed",
+        "converted",
+    ]
+
+
+def test_annotated_conv_weight_edge_carries_the_per_channel_spec(annotated):
+    g = graph(annotated)
+    conv = next(n for n in annotated.graph.nodes if n.name == "conv2d")
+    weight = conv.args[1].name
+    edge = _edge(g, weight, "conv2d")
+    assert edge.label == "int8 [-127,127] sym/ch0"
+    assert "ch_axis=0" in edge.tooltip and "PerChannelMinMaxObserver" in edge.tooltip
+    assert _edge(g, "x", "conv2d").label == "int8 [-128,127] aff"
+    assert 'label="int8 [-127,127] sym/ch0"' in g.dot
+    # the weight is drawn although show_params is off: its edge carries a spec
+    assert next(n for n in g.view.nodes if n.name == weight).kind == "param"
+
+
+def test_annotated_outputs_shared_specs_and_float_inputs(annotated):
+    g = graph(annotated)
+    nodes = {n.name: n for n in g.view.nodes}
+    assert "out int8 [-128,127] aff" in nodes["relu"].detail
+    assert _edge(g, "relu_2", "max_pool2d").label == "shares (relu_2)"
+    assert "out shares (relu_4 -&gt; adaptive_avg_pool2d)" in g.dot
+    bias = _edge(g, "fc_bias", "linear")  # annotated None: grey, dashed, "float"
+    assert (bias.label, bias.style) == ("float", "float")
+    assert re.search(r"fc_bias -> linear \[.*style=dashed", g.dot)
+    # BatchNorm is quantizable but not annotated (prepare_pt2e folds it first): grey
+    assert nodes["batch_norm"].kind == "float"
+    assert "not annotated" in nodes["batch_norm"].tooltip
+
+
+def test_annotated_sigmoid_shows_its_fixed_qparams():
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.sigmoid(self.fc(x))
+
+    gm = qviz.export(Net().eval(), (torch.randn(2, 4),))
+    XNNPACKQuantizer().set_global(get_symmetric_quantization_config()).annotate(gm)
+    g = graph(gm)
+    sigmoid = next(n for n in g.view.nodes if n.name == "sigmoid")
+    assert sigmoid.detail == "out fixed s=0.0039 zp=-128"
+    assert "scale=0.00390625 zero_point=-128" in sigmoid.tooltip
+    assert "fixed s=0.0039 zp=-128" in g.dot
+
+
+def test_annotated_shared_input_edge():
+    gm = qviz.export(TwoConvCat().eval(), (torch.randn(1, 3, 4, 4),))
+    Annotate(_cat_annotation).annotate(gm)
+    g = graph(gm)
+    assert g.stage == "annotated"
+    assert _edge(g, "conv2d_1", "cat").label == "shares (conv2d -> cat)"
+    assert 'label="shares (conv2d -> cat)"' in g.dot
+
+
+def test_annotated_dot_is_deterministic(annotated):
+    assert graph(annotated).dot == graph(annotated).dot
+    assert graph(annotated, collapse=1).dot == graph(annotated, collapse=1).dot
+    assert "0x" not in graph(annotated).dot
+
+
+# --- metrics heatmap -----------------------------------------------------------------------
+
+SQNR = {"conv2d": 38.2, "conv2d_1": 31.0, "conv2d_2": 12.5, "conv2d_3": 31.0, "linear": 20.0}
+
+
+def _fill(dot, name):
+    return re.search(rf'^\s*{name} \[label=<<table [^>]*bgcolor="(#\w+)"', dot, re.M).group(1)
+
+
+def test_metrics_colour_the_nodes_and_print_the_value(digits):
+    _, prepared, _ = digits
+    g = graph(prepared, metrics=SQNR, metric_column="SQNR dB")
+    low, high = _fill(g.dot, "conv2d_2"), _fill(g.dot, "conv2d")
+    assert low != high and low != "#ffffff"
+    assert _fill(g.dot, "conv2d_1") == _fill(g.dot, "conv2d_3")  # equal values, equal colours
+    assert _fill(g.dot, "relu") == "#ffffff"  # not in the metrics: normal style
+    assert "SQNR dB 12.5" in g.dot and "SQNR dB 38.2" in g.dot
+    # the legend's colour bar names the metric and shows min / max
+    legend = re.search(r"^\s*legend \[label=(.*)$", g.dot, re.M).group(1)
+    assert "SQNR dB: low (red) to high (green)" in legend
+    assert ">12.5</td>" in legend and ">38.2</td>" in legend
+    assert legend.count('width="12"') == 9
+    assert 'width="12"' not in graph(prepared).dot  # no colour bar without metrics
+
+
+def test_metrics_from_a_dataframe_or_a_report(digits):
+    pd = pytest.importorskip("pandas")
+    _, prepared, converted = digits
+    df = pd.DataFrame(
+        {"node": list(SQNR), "layer": ["x"] * 5, "sqnr": list(SQNR.values()), "mse": [0.1] * 5}
+    )
+    by_first = graph(prepared, metrics=df)
+    assert "sqnr 12.5" in by_first.dot
+    by_name = graph(prepared, metrics=df, metric_column="mse")
+    assert "mse 0.1" in by_name.dot
+    report = type("Report", (), {"df": df.set_index("node")[["sqnr"]]})()
+    indexed = graph(converted, metrics=report)
+    assert "sqnr 12.5" in indexed.dot
+    with pytest.raises(ConfigError, match="numeric columns"):
+        graph(prepared, metrics=df, metric_column="nope")
+
+
+def test_metrics_unknown_names_warn(digits):
+    _, prepared, _ = digits
+    with pytest.warns(UserWarning, match=r"not in the graph.*'ghost'"):
+        g = graph(prepared, metrics={**SQNR, "ghost": 1.0})
+    assert "ghost" not in g.dot
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph(prepared, metrics=SQNR)
+    with pytest.raises(ConfigError, match="not a number"):
+        graph(prepared, metrics={"conv2d": "high"})
+    with pytest.raises(ConfigError, match="mapping"):
+        graph(prepared, metrics=[1.0, 2.0])
+
+
+def test_metrics_on_collapsed_modules_show_the_worst_member(digits):
+    _, prepared, _ = digits
+    g = graph(prepared, metrics=SQNR, collapse=1)
+    block = next(n for n in g.view.nodes if n.label == "block")
+    assert block.value == 12.5  # min of conv2d_1 (31.0) and conv2d_2 (12.5)
+    assert graph(prepared, metrics=SQNR, collapse=1).dot == g.dot
+
+
+def test_metrics_work_on_every_stage(annotated, digits):
+    gm, _, converted = digits
+    for model in (gm, annotated, converted):
+        g = graph(model, metrics={"linear": 20.0, "conv2d": 30.0})
+        assert {n.name: n.value for n in g.view.nodes if n.value is not None} == {
+            "linear": 20.0,
+            "conv2d": 30.0,
+        }

@@ -16,7 +16,7 @@ from qviz.engine.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError
 from qviz.numeric import clipped_fraction, sqnr
 
-histogram = importlib.import_module("qviz.viz.histogram").histogram
+histogram = importlib.import_module("qviz.viz.histograms").histogram
 
 METHODS = ("max", "percentile", "entropy", "mse")
 

@@ -10,7 +10,7 @@ Example:
     >>> import torch, qviz
     >>> from torch import nn
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-    >>> from qviz.viz.ranges import ranges
+    >>> from qviz.viz.range_view import ranges
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
     >>> gm = qviz.export(model, (torch.randn(2, 4),))
     >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())

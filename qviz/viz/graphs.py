@@ -1,4 +1,4 @@
-"""``qviz.viz.graph``: draw a model at its stage (float, observed, converted) from its records.
+"""``qviz.viz.graph``: draw a model at its stage (float, annotated, observed, converted).
 
 Example:
     >>> import torch, qviz
@@ -15,8 +15,12 @@ Example:
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
+import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +56,7 @@ class QGraph:
 
     @property
     def stage(self) -> str:
-        """``"float"``, ``"observed"`` or ``"converted"``."""
+        """``"float"``, ``"annotated"``, ``"observed"`` or ``"converted"``."""
         return self.view.stage
 
     @property
@@ -108,14 +112,82 @@ def _highlight(highlight: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(highlight)
 
 
+def _table_values(df: Any, column: str | None) -> tuple[dict[str, float], str]:
+    """``{node: value}`` from a DataFrame with a "node" column (or indexed by node name)."""
+    numeric = [c for c in df.select_dtypes("number").columns if c != "node"]
+    if column is None and not numeric:
+        raise ConfigError(
+            f"metrics: the table has no numeric column (columns: {list(df.columns)}); add one, "
+            f"or pass a mapping {{node_name: value}}"
+        )
+    column = numeric[0] if column is None else column
+    if column not in df.columns:
+        raise ConfigError(
+            f"metric_column={column!r} is not a column of metrics; numeric columns: {numeric}"
+        )
+    names = df["node"] if "node" in df.columns else df.index
+    values: dict[str, float] = {}
+    for name, value in zip(names, df[column], strict=True):
+        values[str(name)] = min(values.get(str(name), float(value)), float(value))
+    return values, str(column)
+
+
+def _metric_values(metrics: Any, column: str | None) -> tuple[dict[str, float], str]:
+    """The metric per node name (the worst, lowest, where a name repeats) and its name."""
+    if metrics is None:
+        return {}, ""
+    table = getattr(metrics, "df", metrics)
+    if hasattr(table, "select_dtypes") and hasattr(table, "columns"):
+        values, name = _table_values(table, column)
+    elif hasattr(metrics, "items"):
+        values, name = {}, column or ""
+        for key, value in metrics.items():
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                raise ConfigError(
+                    f"metrics[{key!r}] = {value!r} is not a number; give {{node_name: float}}"
+                )
+            values[str(key)] = float(value)
+    else:
+        raise ConfigError(
+            f"metrics is a {type(metrics).__name__}: give a mapping {{node_name: float}}, a "
+            f'pandas DataFrame with a "node" column (or indexed by node name), or a report '
+            f"with .df"
+        )
+    return {k: v for k, v in values.items() if not math.isnan(v)}, name
+
+
+def _with_metrics(view: GraphView, values: dict[str, float], name: str) -> GraphView:
+    """``view`` with each named node's value set; unknown names are warned about."""
+    known = {n.name for n in view.nodes}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        warnings.warn(
+            f"metrics name {len(unknown)} node(s) not in the graph, not drawn: {unknown}; "
+            f"use the graph's node names (g.view.nodes)",
+            UserWarning,
+            stacklevel=3,
+        )
+    nodes = tuple(
+        replace(n, value=values[n.name]) if n.name in values and n.kind != "marker" else n
+        for n in view.nodes
+    )
+    return replace(view, nodes=nodes, metric=name)
+
+
 def graph(
     model: GraphModule,
     *,
     collapse: int | Sequence[str] | None = None,
     highlight: str | Sequence[str] | None = None,
     show_params: bool = False,
+    metrics: Any = None,
+    metric_column: str | None = None,
 ) -> QGraph:
-    """Draw ``model`` at its stage: captured float, observed (prepared) or converted.
+    """Draw ``model`` at its stage: captured float, annotated, observed (prepared) or converted.
+
+    The annotated graph (a quantizer's ``annotate`` ran, not prepared yet) labels each edge
+    with its input spec (``int8 [-127,127] sym/ch0``, ``fixed s=0.0039 zp=-128``,
+    ``shares (x -> add)``) and each op with its output spec; full text in tooltips.
 
     The observed graph reads ``model.plan``: every observer is a small marker ``gN`` on the
     edges it observes, in its sharing group's colour; ops the plan left in float are grey with
@@ -129,12 +201,20 @@ def graph(
             each, labelled with the path and op count.
         highlight: node names or module paths drawn with a thick red outline.
         show_params: also draw parameters and constants (get_attr nodes).
+        metrics: a value per node to colour op boxes by, low red to high green, with the value
+            in the box and a colour bar in the legend (e.g. per-layer SQNR in dB): a mapping
+            ``{node_name: float}``, a pandas DataFrame with a ``"node"`` column (or indexed by
+            node name), or an object with such a ``.df``. A collapsed box shows its members'
+            lowest value; names not in the graph are warned about and skipped.
+        metric_column: the DataFrame column to draw (default: its first numeric column); for a
+            mapping, the name the legend and boxes give the values.
 
     Returns:
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
 
     Raises:
-        ConfigError: ``model`` is not a graph module, or ``collapse`` is malformed.
+        ConfigError: ``model`` is not a graph module, ``collapse`` is malformed, or ``metrics``
+            is not numeric per node (or ``metric_column`` is not one of its columns).
         MissingDependencyError: the graphviz package (or, to render, the dot program) is missing.
 
     Example:
@@ -143,11 +223,18 @@ def graph(
         ...           collapse=1)
         >>> [n.label for n in g.view.nodes if n.kind == "collapsed"]
         ['0']
+        >>> g = graph(qviz.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),)),
+        ...           metrics={"linear": 31.5}, metric_column="SQNR dB")
+        >>> "SQNR dB 31.5" in g.dot
+        True
     """
     if not isinstance(model, GraphModule):
         raise ConfigError(
             f"graph() draws a graph module, got {type(model).__name__}: pass "
             f"qviz.export(model, inputs), or the result of prepare_pt2e / convert_pt2e"
         )
-    view = collapse_view(read_graph(model, show_params=show_params), collapse)
+    view = read_graph(model, show_params=show_params)
+    if metrics is not None:
+        view = _with_metrics(view, *_metric_values(metrics, metric_column))
+    view = collapse_view(view, collapse)
     return QGraph(view, to_digraph(view, _highlight(highlight)))

@@ -24,7 +24,7 @@ a step outside the range, i.e. when clamping, not rounding, sets its error.
 
 Example:
     >>> import torch
-    >>> from qviz.viz.histogram import histogram
+    >>> from qviz.viz.histograms import histogram
     >>> x = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
     >>> fig = histogram(x, methods=("max", "mse"))
     >>> [row["method"] for row in fig.qviz_rows]
