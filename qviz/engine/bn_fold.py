@@ -27,6 +27,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
+from qviz.engine.constants import get_attr_value
+
 __all__ = ["BN_OPS", "CONV_OPS", "fold_batch_norm"]
 
 aten = torch.ops.aten
@@ -49,10 +51,7 @@ _EPS_INDEX = {aten.batch_norm.default: 7, aten._native_batch_norm_legit_no_train
 
 def _constant(gm: GraphModule, node: Node | None) -> torch.Tensor | None:
     """The parameter or buffer a ``get_attr`` node reads (None for a missing optional input)."""
-    if node is None:
-        return None
-    owner, _, name = str(node.target).rpartition(".")
-    return getattr(gm.get_submodule(owner), name)
+    return None if node is None else get_attr_value(gm, node)
 
 
 def _set_param(gm: GraphModule, target: str, value: torch.Tensor) -> None:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import quantized_decomposed
+from qviz.engine.constants import get_attr_value
 from qviz.engine.plan import QParams, QuantPlan
 from qviz.errors import CalibrationError, ConfigError
 
@@ -75,11 +76,6 @@ def _check_calibrated(gm: GraphModule, nodes: list[Node], plan: QuantPlan | None
     )
 
 
-def _constant(gm: GraphModule, node: Node) -> torch.Tensor:
-    owner, _, name = str(node.target).rpartition(".")
-    return getattr(gm.get_submodule(owner), name)
-
-
 def _new_attr(gm: GraphModule, prefix: str, value: torch.Tensor) -> str:
     index = 0
     while hasattr(gm, f"{prefix}{index}"):
@@ -114,7 +110,7 @@ def _qdq_ops(gm: GraphModule, node: Node, obs: nn.Module) -> tuple[object, objec
 
 
 def _eager(gm: GraphModule, args: tuple) -> tuple:
-    return tuple(_constant(gm, a) if isinstance(a, Node) else a for a in args)
+    return tuple(get_attr_value(gm, a) if isinstance(a, Node) else a for a in args)
 
 
 def _replace_static(gm: GraphModule, node: Node, obs: nn.Module, fold: bool) -> QParams:
@@ -122,7 +118,7 @@ def _replace_static(gm: GraphModule, node: Node, obs: nn.Module, fold: bool) -> 
     q_op, dq_op, qargs, record = _qdq_ops(gm, node, obs)
     with gm.graph.inserting_before(node):
         if fold and source.op == "get_attr":
-            value = q_op(_constant(gm, source), *_eager(gm, qargs))
+            value = q_op(get_attr_value(gm, source), *_eager(gm, qargs))
             quantized = gm.graph.get_attr(_new_attr(gm, "_frozen_param", value))
         else:
             quantized = gm.graph.call_function(q_op, (source, *qargs))

@@ -59,6 +59,7 @@ from torch import Tensor
 from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import quantized_decomposed
+from qviz.engine.constants import get_attr_value
 from qviz.errors import ConfigError, QuantizationError
 
 __all__ = [
@@ -476,8 +477,7 @@ def _match(quantize: Node) -> _Match | None:
 
 def _attribute(gm: GraphModule, node: Node) -> Tensor:
     """The tensor a ``get_attr`` node reads."""
-    owner, _, name = str(node.target).rpartition(".")
-    return getattr(gm.get_submodule(owner), name)
+    return get_attr_value(gm, node)
 
 
 def _accumulator_bound(gm: GraphModule, match: _Match) -> int:

@@ -25,6 +25,7 @@ from itertools import pairwise
 
 from torch.fx import GraphModule, Node
 
+from qviz.engine.constants import get_attr_value
 from qviz.engine.plan import (
     QUANTIZABLE_OPS,
     GroupRecord,
@@ -306,7 +307,7 @@ def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     detail = qparams_text(group) if group is not None else ""
     src = node.args[0] if node.args else None
     if isinstance(src, Node) and src.op == "get_attr":
-        value = _attr(gm, str(src.target))
+        value = get_attr_value(gm, src, default=None)
         dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
         detail = f"{dtype} weight {tuple(getattr(value, 'shape', ()))}\\n{detail}".strip()
     tooltip = describe_group(group) if group is not None else node.format_node()
@@ -315,11 +316,6 @@ def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     near = users[0] if kind == "dequantize" and len(users) == 1 else src
     module = _module_of(near)[0] if isinstance(near, Node) else ""
     return ViewNode(node.name, kind, label, detail, module, group.group if group else None, tooltip)
-
-
-def _attr(gm: GraphModule, target: str) -> object:
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner), name, None)
 
 
 def _converted(gm: GraphModule, plan: QuantPlan | None, show_params: bool) -> GraphView:

@@ -14,6 +14,7 @@ from torch import nn
 
 import qviz
 from qviz.data import digits_loaders, digits_model
+from qviz.engine.constants import get_attr_value
 from qviz.errors import CalibrationError
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
@@ -42,20 +43,15 @@ def _qparams(gm: torch.fx.GraphModule) -> set:
     }
     per_channel = {
         (
-            tuple(_attr(gm, n.args[1]).tolist()),  # every channel's scale
-            tuple(_attr(gm, n.args[2]).tolist()),  # and zero_point
-            str(_attr(gm, n.args[2]).dtype),
+            tuple(get_attr_value(gm, n.args[1]).tolist()),  # every channel's scale
+            tuple(get_attr_value(gm, n.args[2]).tolist()),  # and zero_point
+            str(get_attr_value(gm, n.args[2]).dtype),
             *n.args[3:],
         )
         for n in gm.graph.nodes
         if n.op == "call_function" and n.target == qd.dequantize_per_channel.default
     }
     return per_tensor | per_channel
-
-
-def _attr(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor:
-    owner, _, name = str(node.target).rpartition(".")
-    return getattr(gm.get_submodule(owner), name)
 
 
 def _both(model: nn.Module, batches: list, **config):

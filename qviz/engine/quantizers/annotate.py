@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import torch
 from torch.fx import GraphModule, Node
 
+from qviz.engine.constants import get_attr_value
 from qviz.engine.quantizer import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpecBase
 
@@ -138,11 +139,7 @@ def record_float_reason(node: Node, reason: str, detail: str) -> None:
 
 
 def _constant(gm: GraphModule, node: Node) -> torch.Tensor | None:
-    owner, _, name = str(node.target).rpartition(".")
-    try:
-        value = getattr(gm.get_submodule(owner), name)
-    except AttributeError:
-        return None
+    value = get_attr_value(gm, node, default=None)
     return value if isinstance(value, torch.Tensor) else None
 
 
