@@ -3,8 +3,9 @@
 ``qviz`` runs the main job on the embedded digits model: ``qviz quantize --report report.html``
 (the PT2E flow: export, prepare, calibrate, convert; float vs int8 accuracy and size; an HTML
 report of the prepared model) then ``qviz calibrators``
-(what each calibration method picks for every Conv/Linear weight and input). ``qviz
-train-digits`` re-trains the embedded model and rewrites its checkpoint.
+(what each calibration method picks for every Conv/Linear weight and input). ``qviz report``
+writes the HTML report of the digits model or of a user's model (``--model pkg.module:function``).
+``qviz train-digits`` re-trains the embedded model and rewrites its checkpoint.
 
 Example:
     >>> main(["calibrators", "--methods", "max", "--batch-size", "16"])  # doctest: +ELLIPSIS
@@ -18,8 +19,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from qviz.errors import QvizError
+from qviz.errors import ConfigError, QvizError
 
 __all__ = ["main"]
 
@@ -84,7 +86,10 @@ def _quantize(args: argparse.Namespace) -> int:
     calib = [images for images, _ in loaders.calibration]
     example = (calib[0],)
     exported = qviz.export(model, example, dynamic_batch=True)  # the short last batch too
-    config = get_symmetric_quantization_config(is_per_channel=not args.per_tensor)
+    report_path = getattr(args, "report", None)
+    config = get_symmetric_quantization_config(
+        is_per_channel=not args.per_tensor, switchable=report_path is not None
+    )  # switchable: the report's histograms show every calibration method's range
     prepared = qviz.prepare_pt2e(exported, XNNPACKQuantizer().set_global(config))
     qviz.calibrate(prepared, calib, progress=False)
     quantized = qviz.convert_pt2e(prepared)
@@ -104,15 +109,67 @@ def _quantize(args: argparse.Namespace) -> int:
         f"  test accuracy: float {float_acc:.2%}, int8 {int8_acc:.2%} "
         f"({int8_acc - float_acc:+.2%}) on {sum(len(y) for _, y in test)} images"
     )
-    if getattr(args, "report", None):
+    if report_path is not None:
         from qviz.viz import report
 
-        print(f"  wrote {report(prepared, args.report, title='qviz report: DigitsNet')}")
+        print(f"  wrote {report(prepared, report_path, title='qviz report: DigitsNet')}")
     f_size, q_size = _saved_bytes(exported, example), _saved_bytes(quantized, example)
     print(
         f"  saved program: float {f_size / 1024:.0f} KiB, int8 {q_size / 1024:.0f} KiB "
         f"({f_size / q_size:.1f}x smaller)\n"
     )
+    return 0
+
+
+def _user_model(spec: str) -> tuple[Any, list[Any]]:
+    """``pkg.module:function`` -> ``function()``'s ``(model, batches)``, checked."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"--model {spec!r}: expected 'package.module:function', a function returning "
+            f"(model, batches) with batches an iterable of example inputs"
+        )
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--model {spec!r}: cannot load it ({exc})") from exc
+    result = factory()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise ConfigError(
+            f"--model {spec!r}: the function must return (model, batches), got "
+            f"{type(result).__name__}"
+        )
+    model, batches = result
+    batches = [b if isinstance(b, tuple) else (b,) for b in batches]
+    if not batches:
+        raise ConfigError(f"--model {spec!r}: the batches are empty; give at least one")
+    return model, batches
+
+
+def _report(args: argparse.Namespace) -> int:
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    from qviz.viz import report
+
+    if args.model is None:
+        from qviz.data import digits_loaders, digits_model
+
+        model, title = digits_model(), "DigitsNet"
+        batches = [(x,) for x, _ in digits_loaders(batch_size=args.batch_size).calibration]
+    else:
+        (model, batches), title = _user_model(args.model), args.model
+    exported = qviz.export(model, batches[0], dynamic_batch=True)
+    config = get_symmetric_quantization_config(
+        is_per_channel=not args.per_tensor,
+        switchable=True,  # every method in the histograms
+    )
+    prepared = qviz.prepare_pt2e(exported, XNNPACKQuantizer().set_global(config))
+    qviz.calibrate(prepared, batches, progress=False)
+    target = qviz.convert_pt2e(prepared) if args.stage == "converted" else prepared
+    path = report(target, args.out, title=f"qviz report: {title} ({args.stage})")
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0
 
 
@@ -157,6 +214,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("--csv", type=Path, help="also write the table as CSV")
     cal.set_defaults(func=_calibrators)
+    rep = sub.add_parser("report", help="write the HTML report of a quantized model")
+    rep.add_argument("--out", type=Path, default=Path("report.html"), help="(report.html)")
+    rep.add_argument(
+        "--model",
+        default=None,
+        help="pkg.module:function returning (model, batches); default: the digits model",
+    )
+    rep.add_argument(
+        "--stage", choices=("prepared", "converted"), default="prepared", help="(prepared)"
+    )
+    rep.add_argument("--per-tensor", action="store_true", help="per-tensor weights")
+    rep.add_argument("--batch-size", type=int, default=64, help="digits batch size (64)")
+    rep.set_defaults(func=_report)
     train = sub.add_parser("train-digits", help="re-train the embedded digits model")
     train.add_argument("--out", type=Path, default=None, help="folder (default: the data folder)")
     train.set_defaults(func=_train_digits)

@@ -41,3 +41,32 @@ def test_errors_are_reported_without_a_traceback(capsys, monkeypatch, tmp_path):
     assert main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("qviz: error:") and "qviz train-digits" in err
+
+
+def test_report_command_writes_the_digits_report(capsys, tmp_path):
+    out = tmp_path / "r.html"
+    assert main(["report", "--out", str(out), "--stage", "converted"]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    html = out.read_text()
+    assert "qviz report: DigitsNet (converted)" in html and "<svg" in html
+
+
+def test_report_command_takes_a_users_model(capsys, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "tiny_factory.py").write_text(
+        "import torch\n\ndef build():\n    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()\n"
+        "    return m, [torch.randn(2, 4) for _ in range(3)]\n"
+    )
+    out = tmp_path / "tiny.html"
+    assert main(["report", "--model", "tiny_factory:build", "--out", str(out)]) == 0
+    html = out.read_text()
+    assert "tiny_factory:build" in html and "data:image/png;base64," in html
+
+
+def test_report_command_names_a_bad_model_spec(capsys):
+    assert main(["report", "--model", "no_such_module_xyz:build"]) == 2
+    err = capsys.readouterr().err
+    assert "--model 'no_such_module_xyz:build': cannot load it" in err
+    assert main(["report", "--model", "missing_colon"]) == 2
+    assert "expected 'package.module:function'" in capsys.readouterr().err

@@ -46,6 +46,8 @@ _STYLE = {  # kind: (fill, border, font colour)
     "dequantize": ("#e5f5e0", "#31a354", "#000000"),
 }
 _HIGHLIGHT = "#d62728"
+#: Observer markers' fill under a heatmap, so that only the metric's colours stand out.
+_MUTED = "#f4f4f4"
 
 #: Metric colormap anchors, low to high (red, yellow, green; light enough for black text).
 HEAT = ("#f46d43", "#fee08b", "#66bd63")
@@ -96,7 +98,7 @@ def _graphviz() -> Any:
 
 def _table(node: ViewNode, highlighted: bool, span: tuple[float, float] | None, metric: str) -> str:
     fill, border, font = _STYLE.get(node.kind, _STYLE["op"])
-    if node.group is not None:
+    if node.group is not None and span is None:  # a heatmap mutes the group colours
         fill = group_colour(node.group)
     if node.value is not None and span is not None:
         fill = _value_colour(node.value, span)
@@ -104,7 +106,7 @@ def _table(node: ViewNode, highlighted: bool, span: tuple[float, float] | None, 
     border = _HIGHLIGHT if highlighted else border
     title = html.escape(node.label)
     if node.kind == "collapsed":
-        title = f"{title} ({node.count} ops)"
+        title = f"{title} ({node.count} op{'' if node.count == 1 else 's'})"
     if node.group is not None and node.kind in ("quantize", "dequantize"):
         title = f"{title} · g{node.group}"
     rows = [f'<tr><td><font color="{font}"><b>{title}</b></font></td></tr>']
@@ -132,7 +134,7 @@ def _add_node(
             label=label,
             shape="box",
             style="rounded,filled",
-            fillcolor=group_colour(node.group or 0),
+            fillcolor=_MUTED if span is not None else group_colour(node.group or 0),
             color=_HIGHLIGHT if highlighted else "#555555",
             fontsize="9",
             height="0.2",

@@ -348,7 +348,9 @@ def _render(src: _Source, *, log: bool) -> Any:
         positive = counts[counts > 0]
         if positive.size:
             plot_ax.set_ylim(bottom=max(positive.min() * 0.5, 1e-3))
-    xs = [float(edges[0]), float(edges[-1])]
+    nonzero = (counts > 0).nonzero()[0]  # the data's extent, not the histogram's spare bins
+    first, last = (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, len(counts))
+    xs = [float(edges[first]), float(edges[last])]
     for gid, x, label in src.lines:
         method = gid.split(":", 1)[1]
         observer = gid.startswith("observer")

@@ -292,7 +292,7 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
     figures, empty = [], []
     for g in groups[:_MAX_HISTOGRAMS]:
         try:
-            fig = histogram(model.get_submodule(g.observer))
+            fig = histogram(model.get_submodule(g.observer), log=True)
         except CalibrationError:
             empty.append(g.observer)
             continue
@@ -317,7 +317,8 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
             )
         )
     body = "".join(notes) + f'<div class="grid">{"".join(figures)}</div>'
-    return _section(f"Histograms ({len(groups)} HistogramObserver groups)", body)
+    heading = f"Histograms ({len(groups)} HistogramObserver groups, counts on a log axis)"
+    return _section(heading, body)
 
 
 def _submodule(model: Any, name: str) -> Any:

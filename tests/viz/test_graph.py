@@ -300,6 +300,10 @@ def test_metrics_colour_the_nodes_and_print_the_value(digits):
     assert ">12.5</td>" in legend and ">38.2</td>" in legend
     assert legend.count('width="12"') == 9
     assert 'width="12"' not in graph(prepared).dot  # no colour bar without metrics
+    # under a heatmap the observers' group colours are muted: only the metric stands out
+    markers = re.findall(r'fillcolor="(#\w+)"', g.dot)
+    assert markers and set(markers) == {"#f4f4f4"}
+    assert len(set(re.findall(r'fillcolor="(#\w+)"', graph(prepared).dot))) > 1
 
 
 def test_metrics_from_a_dataframe_or_a_report(digits):

@@ -46,6 +46,7 @@ def get_symmetric_quantization_config(
     act_qmax: int = 127,
     weight_qmin: int = -127,
     weight_qmax: int = 127,
+    switchable: bool = False,
 ) -> QuantizationConfig:
     """int8 config for XNNPACK: activations per-tensor affine, weights symmetric, bias float.
 
@@ -56,6 +57,10 @@ def get_symmetric_quantization_config(
         is_qat: quantization-aware training; not supported yet (it needs fake-quantize modules).
         act_qmin, act_qmax: activation integer range.
         weight_qmin, weight_qmax: weight integer range (-127..127 keeps the grid symmetric).
+        switchable: activation HistogramObservers also keep an |x| histogram, so that every
+            calibration method (max, percentile, entropy, mse, l2) can be read, drawn
+            (``qviz.viz.histogram``) and chosen after calibration, at about twice the
+            observers' cost per batch. A qviz extension; the default matches torchao.
 
     Everything after ``is_per_channel`` is keyword-only: torchao's function takes ``is_qat``
     second and ``is_dynamic`` third, so a positional call could silently mean something else.
@@ -70,6 +75,9 @@ def get_symmetric_quantization_config(
         >>> dynamic = get_symmetric_quantization_config(is_dynamic=True)
         >>> dynamic.input_activation.is_dynamic, dynamic.output_activation
         (True, None)
+        >>> act = get_symmetric_quantization_config(switchable=True).input_activation
+        >>> act.observer_or_fake_quant_ctr().switchable
+        True
         >>> get_symmetric_quantization_config(is_qat=True)
         Traceback (most recent call last):
         ...
@@ -81,10 +89,17 @@ def get_symmetric_quantization_config(
             "QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz "
             "does not provide; use is_qat=False (post-training quantization)"
         )
-    act_observer = PlaceholderObserver if is_dynamic else HistogramObserver
+    if not isinstance(switchable, bool):
+        raise ConfigError(f"switchable must be True or False, got {switchable!r}")
+    if is_dynamic:
+        act_ctr = PlaceholderObserver.with_args(eps=_EPS)
+    elif switchable:
+        act_ctr = HistogramObserver.with_args(eps=_EPS, switchable=True)
+    else:
+        act_ctr = HistogramObserver.with_args(eps=_EPS)
     activation = QuantizationSpec(
         dtype=torch.int8,
-        observer_or_fake_quant_ctr=act_observer.with_args(eps=_EPS),
+        observer_or_fake_quant_ctr=act_ctr,
         quant_min=act_qmin,
         quant_max=act_qmax,
         qscheme=torch.per_tensor_affine,
