@@ -16,7 +16,7 @@ Example:
 from qviz.engine.calibrate import calibrate
 from qviz.engine.capture import export
 from qviz.engine.convert import convert_pt2e
-from qviz.engine.prepare import prepare_pt2e
+from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
 from qviz.errors import (
     AnnotationError,
     CalibrationError,
@@ -34,6 +34,7 @@ __all__ = [
     "QuantizationError",
     "QvizError",
     "__version__",
+    "annotate_pt2e",
     "calibrate",
     "convert_pt2e",
     "export",

@@ -28,8 +28,9 @@ from torch.fx import GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from qviz.engine.constants import get_attr_value
+from qviz.engine.handles import COMPARE_AS, handle
 
-__all__ = ["BN_OPS", "CONV_OPS", "fold_batch_norm"]
+__all__ = ["BN_OPS", "CONV_OPS", "fold_batch_norm", "fused_conv_bn_params"]
 
 aten = torch.ops.aten
 CONV_OPS = {
@@ -81,12 +82,26 @@ def _foldable(bn: Node) -> tuple[Node, str | None]:
     return conv, None
 
 
-def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
+def fused_conv_bn_params(
+    gm: GraphModule, conv: Node, bn: Node
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias of ``conv`` with ``bn`` folded in, computed from ``gm``'s constants.
+
+    Example:
+        >>> import torch, qviz
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)).eval()
+        >>> gm = qviz.export(model, (torch.randn(1, 1, 5, 5),))
+        >>> conv, bn = [n for n in gm.graph.nodes if n.op == "call_function"]
+        >>> w, b = fused_conv_bn_params(gm, conv, bn)
+        >>> w.shape, b.shape
+        (torch.Size([2, 1, 3, 3]), torch.Size([2]))
+    """
     weight_node = conv.args[1]
     bias_node = conv.args[2] if len(conv.args) > 2 else None
     args = list(bn.args) + [None] * (8 - len(bn.args))
     bn_w, bn_b, mean, var = (_constant(gm, a) for a in args[1:5])
-    fused_w, fused_b = fuse_conv_bn_weights(
+    return fuse_conv_bn_weights(
         _constant(gm, weight_node),
         _constant(gm, bias_node),
         mean,
@@ -96,6 +111,12 @@ def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
         bn_b,
         transpose=conv.target in TRANSPOSED_CONV_OPS,
     )
+
+
+def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
+    weight_node = conv.args[1]
+    bias_node = conv.args[2] if len(conv.args) > 2 else None
+    fused_w, fused_b = fused_conv_bn_params(gm, conv, bn)
     _set_param(gm, str(weight_node.target), fused_w)
     if bias_node is None:
         target = f"{weight_node.target}_bias"
@@ -108,11 +129,15 @@ def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
     else:
         _set_param(gm, str(bias_node.target), fused_b)
     if bn.target == aten.batch_norm.default:
-        bn.replace_all_uses_with(conv)
+        replaced = bn
     else:
-        for user in list(bn.users):
-            if user.target is operator.getitem and user.args[1] == 0:
-                user.replace_all_uses_with(conv)
+        getitems = (u for u in bn.users if u.target is operator.getitem and u.args[1] == 0)
+        replaced = next(getitems, None)
+        if replaced is None:  # the BatchNorm's output is unused
+            return
+    if handle(replaced) is not None:  # the conv now computes this node's float output
+        conv.meta[COMPARE_AS] = handle(replaced)
+    replaced.replace_all_uses_with(conv)
 
 
 def fold_batch_norm(gm: GraphModule) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
+from qviz.engine.handles import assign_handles
 from qviz.errors import ConfigError, QvizError
 
 __all__ = ["export"]
@@ -79,4 +80,4 @@ def export(
             f"Make the failing code export-friendly (no data-dependent Python control flow), try "
             f"strict={not strict}, or quantize an exportable submodule"
         ) from exc
-    return program.module()
+    return assign_handles(program.module())  # the numeric suite matches operators by these

@@ -34,6 +34,7 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.annotations import collect_specs
 from qviz.engine.bn_fold import fold_batch_norm
+from qviz.engine.handles import assign_handles
 from qviz.engine.plan import build_plan
 from qviz.engine.sharing import Sharing, describe, resolve_sharing
 from qviz.engine.specs import (
@@ -46,7 +47,7 @@ from qviz.engine.specs import (
 )
 from qviz.errors import AnnotationError, ConfigError
 
-__all__ = ["prepare_pt2e"]
+__all__ = ["annotate_pt2e", "prepare_pt2e"]
 
 
 def _observer_from_spec(spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Module]) -> nn.Module:
@@ -164,23 +165,59 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
         AnnotationError: annotations that cannot be executed (unresolvable sharing, an input
             spec keyed by a node that is not an input, ...), naming the node and the chain.
     """
-    if not isinstance(model, GraphModule):
-        raise ConfigError(
-            f"prepare_pt2e needs the graph module qviz.export returns, got {type(model).__name__}: "
-            f"call qviz.export(model.eval(), example_inputs) first"
-        )
-    for method in ("annotate", "validate"):
-        if not callable(getattr(quantizer, method, None)):
-            raise ConfigError(f"quantizer {type(quantizer).__name__} has no {method}() method")
-    gm = copy.deepcopy(model)
-    unfolded = dict(fold_batch_norm(gm))
-    transform = getattr(quantizer, "transform_for_annotation", None)
-    gm = transform(gm) if transform is not None else gm
-    quantizer.annotate(gm)
-    quantizer.validate(gm)
+    _check_inputs(model, quantizer, "prepare_pt2e")
+    gm, unfolded = _annotated_copy(model, quantizer)
     specs, implicit = collect_specs(gm)
     sharing = resolve_sharing(specs, implicit=implicit)
     key_to_name, group_names = _register(gm, sharing, quantizer)
     _insert_observers(gm, key_to_name)
     gm.plan = build_plan(gm, sharing, specs, group_names, unfolded)
     return gm
+
+
+def _check_inputs(model: Any, quantizer: Any, where: str) -> None:
+    if not isinstance(model, GraphModule):
+        raise ConfigError(
+            f"{where} needs the graph module qviz.export returns, got {type(model).__name__}: "
+            f"call qviz.export(model.eval(), example_inputs) first"
+        )
+    for method in ("annotate", "validate"):
+        if not callable(getattr(quantizer, method, None)):
+            raise ConfigError(f"quantizer {type(quantizer).__name__} has no {method}() method")
+
+
+def _annotated_copy(model: GraphModule, quantizer: Any) -> tuple[GraphModule, dict[str, str]]:
+    """Prepare's steps 1-2 on a copy: number, fold BatchNorm, transform, annotate, validate."""
+    gm = assign_handles(copy.deepcopy(model))  # the same numbers as qviz.export gives
+    unfolded = dict(fold_batch_norm(gm))
+    transform = getattr(quantizer, "transform_for_annotation", None)
+    gm = transform(gm) if transform is not None else gm
+    quantizer.annotate(gm)
+    quantizer.validate(gm)
+    return gm, unfolded
+
+
+def annotate_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
+    """What ``quantizer`` asks for, before any observer: an annotated copy of ``model``.
+
+    The first steps of :func:`prepare_pt2e`, on a copy (``model`` is not changed): BatchNorms
+    are folded into the convs before them, then ``quantizer`` annotates. The copy carries the
+    specs in ``node.meta["quantization_annotation"]``; draw it with ``qviz.viz.graph`` to see
+    each edge's spec and the nodes left in float. Prepare the original, not this copy.
+
+    Raises:
+        ConfigError: ``model`` is not a graph module or ``quantizer`` cannot annotate.
+        AnnotationError: the quantizer's own validation fails.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),))
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> annotated = qviz.annotate_pt2e(gm, q)
+        >>> linear = next(n for n in annotated.graph.nodes if n.name == "linear")
+        >>> str(linear.meta["quantization_annotation"].output_qspec.dtype)
+        'torch.int8'
+    """
+    _check_inputs(model, quantizer, "annotate_pt2e")
+    return _annotated_copy(model, quantizer)[0]

@@ -60,6 +60,7 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import quantized_decomposed
 from qviz.engine.constants import get_attr_value
+from qviz.engine.handles import COMPARE_AS, HANDLE
 from qviz.errors import ConfigError, QuantizationError
 
 __all__ = [
@@ -515,7 +516,7 @@ def _rewrite(gm: GraphModule, match: _Match) -> Node:
     with gm.graph.inserting_before(match.quantize):
         call = gm.graph.call_function(kernel, args, kwargs)
     call.meta[REPLACES] = match.quantize.name
-    for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
+    for key in ("nn_module_stack", "stack_trace", "source_fn_stack", HANDLE, COMPARE_AS):
         if key in match.op.meta:
             call.meta[key] = match.op.meta[key]
     match.quantize.replace_all_uses_with(call)

@@ -1,5 +1,8 @@
 """The numeric suite: measure what quantization does to tensors and layers.
 
+:func:`compare` finds the operator that breaks a quantized model: for every quantized operator,
+its own (local) error and the error it inherits (cumulative), in a :class:`NumericReport`.
+
 pandas is imported only by the functions that return DataFrames.
 
 Example:
@@ -15,12 +18,16 @@ from qviz.numeric.calibration import (
     compare_calibrators,
     layer_tensors,
 )
+from qviz.numeric.compare import compare
 from qviz.numeric.metrics import clipped_fraction, sqnr
+from qviz.numeric.report import NumericReport
 
 __all__ = [
     "CalibrationChoice",
+    "NumericReport",
     "calibration_choices",
     "clipped_fraction",
+    "compare",
     "compare_calibrators",
     "layer_tensors",
     "sqnr",

@@ -318,7 +318,8 @@ def _observer_finish(obs, calib, rows, lines, missing) -> _Source:
         what = f"{obs.num_elements:,} values in [{lo:.4g}, {hi:.4g}]"
     else:
         reach = max(abs(own["low"]), abs(own["high"]))
-        lines.append(("observer:range", reach, f"observer ({own['method']}) range ±{reach:.4g}"))
+        bounds = f"[{own['low']:.4g}, {own['high']:.4g}]"
+        lines.append(("observer:range", reach, f"observer ({own['method']}) range {bounds}"))
         counts, edges = calib.histogram()
         counts = counts.to(torch.float64)
         what = f"|x| of {obs.num_elements:,} values"

@@ -1,0 +1,52 @@
+"""Batches for the numeric suite: the model's inputs, and the target the user's metric reads.
+
+A batch is a tensor (the only input), or a tuple/list whose leading items are the model's inputs
+and whose next item (if any) is the target, as a ``(images, labels)`` DataLoader gives.
+
+Example:
+    >>> import torch
+    >>> inputs, target = split_batch((torch.ones(2, 3), torch.tensor([0, 1])), 1, 0)
+    >>> len(inputs), target.tolist()
+    (1, [0, 1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from qviz.errors import ConfigError
+
+__all__ = ["batches_of", "split_batch"]
+
+
+def batches_of(data: Any, where: str) -> Iterable[Any]:
+    """A single tensor or tuple is one batch; any other iterable is the batches."""
+    if isinstance(data, torch.Tensor | tuple):
+        return [data]
+    if isinstance(data, Iterable) and not isinstance(data, str | bytes | dict):
+        return data
+    raise ConfigError(
+        f"{where} needs a DataLoader, an iterable of batches, or one batch; "
+        f"got {type(data).__name__}"
+    )
+
+
+def split_batch(batch: Any, n_inputs: int, index: int) -> tuple[tuple[Any, ...], Any]:
+    """``(inputs, target)`` of one batch; ``target`` is None when the batch has none."""
+    if isinstance(batch, torch.Tensor):
+        return (batch,), None
+    if isinstance(batch, tuple | list):
+        if len(batch) < n_inputs:
+            raise ConfigError(
+                f"batch {index} has {len(batch)} items but the model takes {n_inputs} inputs; "
+                f"give (inputs..., target) tuples"
+            )
+        rest = batch[n_inputs:]
+        target = rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
+        return tuple(batch[:n_inputs]), target
+    raise ConfigError(
+        f"batch {index} is a {type(batch).__name__}; give tensors or (inputs..., target) tuples"
+    )

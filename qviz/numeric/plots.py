@@ -1,0 +1,64 @@
+"""Figures of the numeric suite's tables (matplotlib Figures, returned, never shown).
+
+Example:
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"node": ["conv2d", "relu"], "local_sqnr": [35.0, 40.0],
+    ...                    "sqnr": [35.0, 33.0]})
+    >>> fig = sqnr_bars(df)
+    >>> [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    ['conv2d', 'relu']
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from qviz.errors import MissingDependencyError
+
+__all__ = ["sqnr_bars"]
+
+
+def _figure(**kwargs: Any) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
+        raise MissingDependencyError("plots need matplotlib: pip install matplotlib") from exc
+    return Figure(**kwargs)
+
+
+def _finite(values: Any) -> list[float]:
+    """Bar lengths: +inf (no error at all) drawn as the largest finite value, NaN as 0."""
+    finite = [v for v in values if isinstance(v, float | int) and math.isfinite(v)]
+    cap = max(finite, default=0.0)
+    return [cap if v == math.inf else (0.0 if not math.isfinite(v) else float(v)) for v in values]
+
+
+def sqnr_bars(df: Any, *, top: int | None = None, title: str = "") -> Any:
+    """Horizontal bars per operator: local SQNR and cumulative SQNR side by side (dB).
+
+    The operator with the lowest local SQNR is outlined in red: that is where error originates;
+    a low cumulative bar after a normal local one is error inherited from upstream.
+    """
+    if top is not None:
+        keep = df.sort_values("local_sqnr", kind="stable").head(top).index
+        df = df.loc[sorted(keep)]
+    labels = [str(n) for n in df["node"]]
+    local, cumulative = _finite(list(df["local_sqnr"])), _finite(list(df["sqnr"]))
+    height = max(2.5, 0.28 * len(labels) + 1.2)
+    fig = _figure(figsize=(8, height), layout="constrained")
+    ax = fig.subplots()
+    ys = list(range(len(labels)))
+    ax.barh([y - 0.2 for y in ys], local, height=0.4, color="tab:blue", label="local (own error)")
+    ax.barh([y + 0.2 for y in ys], cumulative, height=0.4, color="tab:orange", label="cumulative")
+    if len(labels):
+        worst = min(range(len(labels)), key=lambda i: local[i] if local[i] else math.inf)
+        ax.barh(worst - 0.2, local[worst], height=0.4, fill=False, edgecolor="red", linewidth=2)
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("SQNR (dB, higher is better)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=9, loc="left")
+    return fig

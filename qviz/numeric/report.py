@@ -1,0 +1,195 @@
+"""NumericReport: the numeric suite's per-operator table, and views of it.
+
+One row per quantized operator, in graph order. Its columns:
+
+==============  ==============================================================================
+node, op        the operator's node name (as in the plan and the graphs) and ATen op
+module          the innermost module it came from (``nn_module_stack``)
+local_sqnr      dB: the operator's own error (fed the float model's inputs); low = the culprit
+sqnr            dB: cumulative error (the quantized model end to end) against the float output
+mse, cosine,    the same cumulative comparison as mean squared error, cosine similarity and
+max_abs_err     largest absolute error
+local_mse       the local comparison's mean squared error
+weight_sqnr     dB: the quantized weight against the float one (BatchNorm folded in), or NaN
+float_min/max   the float output's range over the data
+grid_min/max    the range its output quantization can represent, ``scale * (q - zero_point)``
+clipped         share of float output values more than half a step beyond the grid
+rmse_scale      RMS error of fake-quantizing the float output, in steps: ~0.29 is pure
+                rounding noise; much larger means clipping or outliers
+handle          the debug handle matched on
+==============  ==============================================================================
+
+Example:
+    >>> r = NumericReport.from_table([{"node": "conv2d", "op": "conv2d", "local_sqnr": 31.0,
+    ...                                "sqnr": 29.5}], output_sqnr=28.0)
+    >>> r.worst(1)["node"].tolist(), r.output_sqnr
+    (['conv2d'], 28.0)
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from qviz.errors import ConfigError
+
+__all__ = ["COLUMNS", "NumericReport"]
+
+COLUMNS = (
+    "node",
+    "op",
+    "module",
+    "local_sqnr",
+    "sqnr",
+    "mse",
+    "cosine",
+    "max_abs_err",
+    "local_mse",
+    "weight_sqnr",
+    "float_min",
+    "float_max",
+    "grid_min",
+    "grid_max",
+    "clipped",
+    "rmse_scale",
+    "handle",
+)
+
+
+def _module_path(node: Any) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    path = ""
+    for value in stack.values():
+        if isinstance(value, tuple) and len(value) == 2:
+            path = str(value[0])
+    return path
+
+
+def _op(node: Any) -> str:
+    return getattr(node.target, "__name__", str(node.target)).split(".")[0]
+
+
+def _row_dict(r: Any) -> dict[str, Any]:
+    nan = math.nan
+    local = r.local
+    grid = r.grid
+    return {
+        "node": r.node.name,
+        "op": _op(r.node),
+        "module": _module_path(r.node),
+        "local_sqnr": local.sqnr if local is not None and local.count else nan,
+        "sqnr": r.cumulative.sqnr if r.cumulative.count else nan,
+        "mse": r.cumulative.mse,
+        "cosine": r.cumulative.cosine if r.cumulative.count else nan,
+        "max_abs_err": r.cumulative.max_abs if r.cumulative.count else nan,
+        "local_mse": local.mse if local is not None else nan,
+        "weight_sqnr": r.weight_sqnr,
+        "float_min": grid.low if grid is not None and grid.count else nan,
+        "float_max": grid.high if grid is not None and grid.count else nan,
+        "grid_min": grid.grid_min if grid is not None else nan,
+        "grid_max": grid.grid_max if grid is not None else nan,
+        "clipped": grid.clipped if grid is not None else nan,
+        "rmse_scale": grid.rmse_scale if grid is not None else nan,
+        "handle": r.ref,
+    }
+
+
+class NumericReport:
+    """Per-operator float-vs-quantized comparison (``.df``), with the model outputs' figures.
+
+    Attributes:
+        df: the table (pandas DataFrame), one row per quantized operator in graph order.
+        output_sqnr: SQNR (dB) of the model outputs, quantized against float, over all data.
+        metric: the user's metric, averaged over samples (None when not given).
+        batches, samples: how much data was compared.
+
+    Example:
+        >>> r = NumericReport.from_table([{"node": "a", "local_sqnr": 40.0, "sqnr": 39.0},
+        ...                                {"node": "b", "local_sqnr": 12.0, "sqnr": 11.0}])
+        >>> r.worst(1, by="sqnr")["node"].tolist()
+        ['b']
+    """
+
+    def __init__(
+        self,
+        df: Any,
+        *,
+        output_sqnr: float = math.nan,
+        metric: float | None = None,
+        batches: int = 0,
+        samples: int = 0,
+    ) -> None:
+        self.df = df
+        self.output_sqnr = output_sqnr
+        self.metric = metric
+        self.batches = batches
+        self.samples = samples
+
+    @classmethod
+    def from_rows(
+        cls, rows: Sequence[Any], outputs: Any, metric: float | None, batches: int, samples: int
+    ) -> NumericReport:
+        """Build from the comparison's accumulated rows (see :func:`qviz.numeric.compare`)."""
+        report = cls.from_table([_row_dict(r) for r in rows], metric=metric)
+        report.output_sqnr = outputs.sqnr if outputs.count else math.nan
+        report.batches, report.samples = batches, samples
+        return report
+
+    @classmethod
+    def from_table(cls, records: Sequence[dict[str, Any]], **figures: Any) -> NumericReport:
+        """Build from plain dicts (missing columns are NaN / empty)."""
+        import pandas as pd
+
+        df = pd.DataFrame.from_records(list(records))
+        for col in COLUMNS:
+            if col not in df.columns:
+                df[col] = "" if col in ("node", "op", "module") else math.nan
+        return cls(df[list(COLUMNS)], **figures)
+
+    def worst(self, n: int = 5, by: str = "local_sqnr") -> Any:
+        """The ``n`` rows with the lowest ``by`` (a numeric column), worst first."""
+        if by not in self.df.columns or self.df[by].dtype.kind not in "fiu":
+            numeric = [c for c in self.df.columns if self.df[c].dtype.kind in "fiu"]
+            raise ConfigError(f"worst(by={by!r}): not a numeric column; choose one of {numeric}")
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"worst(n={n!r}): n must be a positive int")
+        return self.df.sort_values(by, kind="stable", na_position="last").head(n)
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """Write the table as CSV (the model figures are in the header comment lines)."""
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            fh.write(f"# output_sqnr_db={self.output_sqnr}\n# metric={self.metric}\n")
+            self.df.to_csv(fh, index=False)
+
+    def summary(self) -> str:
+        """One line: data compared, output SQNR, metric, worst operator."""
+        parts = [f"{len(self.df)} quantized ops", f"{self.samples} samples"]
+        parts.append(f"output SQNR {self.output_sqnr:.2f} dB")
+        if self.metric is not None:
+            parts.append(f"metric {self.metric:.4g}")
+        if len(self.df) and self.df["local_sqnr"].notna().any():
+            worst = self.worst(1).iloc[0]
+            parts.append(f"worst local: {worst['node']} ({worst['local_sqnr']:.2f} dB)")
+        return ", ".join(parts)
+
+    def plot(self, *, top: int | None = None) -> Any:
+        """Bars of local and cumulative SQNR per operator (graph order); returns the Figure.
+
+        Args:
+            top: only the ``top`` operators with the lowest local SQNR (still in graph order).
+        """
+        from qviz.numeric.plots import sqnr_bars
+
+        return sqnr_bars(self.df, top=top, title=self.summary())
+
+    def __repr__(self) -> str:
+        return f"NumericReport({self.summary()})"
+
+    def _repr_html_(self) -> str:
+        table = self.df.to_html(
+            index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0, max_rows=400
+        )
+        return f"<p><b>NumericReport</b>: {html.escape(self.summary())}</p>{table}"
