@@ -1,7 +1,9 @@
 """The numeric suite: measure what quantization does to tensors and layers.
 
 :func:`compare` finds the operator that breaks a quantized model: for every quantized operator,
-its own (local) error and the error it inherits (cumulative), in a :class:`NumericReport`.
+its own (local) error and the error it inherits (cumulative), in a :class:`NumericReport`;
+:func:`sensitivity` ranks operators by what quantizing them costs, :func:`fallback` keeps the
+culprit in float, and :func:`compare_configs` shows each layer under several configs.
 
 pandas is imported only by the functions that return DataFrames.
 
@@ -21,6 +23,7 @@ from qviz.numeric.calibration import (
 from qviz.numeric.compare import compare
 from qviz.numeric.metrics import clipped_fraction, sqnr
 from qviz.numeric.report import NumericReport
+from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 
 __all__ = [
     "CalibrationChoice",
@@ -29,6 +32,9 @@ __all__ = [
     "clipped_fraction",
     "compare",
     "compare_calibrators",
+    "compare_configs",
+    "fallback",
     "layer_tensors",
+    "sensitivity",
     "sqnr",
 ]

@@ -287,12 +287,11 @@ def _required(value: Any, node: Node) -> Any:
 
 def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
     quantize_ops, dequantize_ops = _qdq_ops()
-    by_name = {n.name: n for n in qgm.graph.nodes}
+    planned = set(_plan_ops(qgm))
     float_nodes = {handle(n): n for n in fgm.graph.nodes if handle(n) is not None}
     rows = []
-    for name in _plan_ops(qgm):
-        n = by_name.get(name)
-        if n is None or n.op != "call_function" or float_handle(n) is None:
+    for n in qgm.graph.nodes:  # graph order
+        if n.name not in planned or n.op != "call_function" or float_handle(n) is None:
             continue
         probe, q = _probe(n, quantize_ops, dequantize_ops)
         row = _Row(n, float_handle(n), probe, q)

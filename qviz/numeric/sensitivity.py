@@ -1,0 +1,313 @@
+"""Which operator costs the most accuracy, and what a different config would do, per layer.
+
+* :func:`fallback` — a quantizer that leaves the named nodes or modules in float (the plan says
+  "user fallback").
+* :func:`sensitivity` — for each quantized operator, quantize everything *except* it
+  (``mode="fallback"``: how much does the model recover?) or *only* it (``mode="solo"``: how much
+  does it cost alone?), and measure the model outputs' SQNR against float, and the user's metric.
+* :func:`compare_configs` — quantize with each config and put every operator's local SQNR side by
+  side, best marked (per-tensor vs per-channel weights, 8 vs 4 bits, ...).
+
+Each variant is prepared from the same exported graph, calibrated on the same batches and
+evaluated on the same data, so the rows differ only by what was asked.
+
+Example:
+    >>> import torch, qviz
+    >>> from torch import nn
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> torch.manual_seed(0) and None
+    >>> gm = qviz.export(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval(),
+    ...                  (torch.randn(8, 4),))
+    >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    >>> data = [torch.randn(8, 4) for _ in range(2)]
+    >>> df = sensitivity(gm, q, data, progress=False)
+    >>> sorted(df["node"]) == ["linear", "linear_1", "relu"], df.columns[:3].tolist()
+    (True, ['rank', 'node', 'op'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.fx import GraphModule
+
+from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
+from qviz.errors import ConfigError
+from qviz.numeric.batches import batches_of, split_batch
+from qviz.numeric.progress import progress_bar
+from qviz.numeric.streaming import PairStats
+
+__all__ = ["compare_configs", "fallback", "sensitivity"]
+
+_MODES = ("fallback", "solo")
+
+
+def fallback(quantizer: Any, nodes_or_module_names: Sequence[str] | str) -> FallbackQuantizer:
+    """A quantizer that annotates as ``quantizer`` does but leaves the named nodes in float.
+
+    Args:
+        quantizer: the quantizer to start from.
+        nodes_or_module_names: node names (``"conv2d_2"``, as in the plan and the numeric
+            report) and/or module paths (``"block.conv1"``: every operator inside it).
+
+    Returns:
+        A :class:`~qviz.engine.quantizers.fallback.FallbackQuantizer`; its plan records the
+        reason ``"user fallback"`` for each node it keeps in float. An unknown name is a
+        ConfigError at prepare, listing the closest names.
+
+    Example:
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> q = fallback(XNNPACKQuantizer().set_global(get_symmetric_quantization_config()),
+        ...              "conv2d_2")
+        >>> q.names
+        ('conv2d_2',)
+    """
+    return FallbackQuantizer(quantizer, nodes_or_module_names)
+
+
+def _check_graph(model: Any, where: str) -> None:
+    if not isinstance(model, GraphModule):
+        raise ConfigError(
+            f"{where} needs the graph module qviz.export returns (it quantizes it several "
+            f"times), got {type(model).__name__}"
+        )
+
+
+class _Evaluator:
+    """The float model's outputs on the data, kept (outputs only), and quantized models scored."""
+
+    def __init__(self, float_gm: GraphModule, data: Any, metric: Callable | None) -> None:
+        self.n_inputs = sum(1 for n in float_gm.graph.nodes if n.op == "placeholder")
+        self.batches = [split_batch(b, self.n_inputs, i) for i, b in enumerate(data)]
+        if not self.batches:
+            raise ConfigError("the data has no batches")
+        self.metric = metric
+        with torch.no_grad():
+            self.float_outputs = [float_gm(*inputs) for inputs, _ in self.batches]
+
+    def score(self, model: Any) -> tuple[float, float | None]:
+        """(output SQNR in dB, the metric averaged over samples or None)."""
+        stats, total, samples = PairStats(), 0.0, 0
+        with torch.no_grad():
+            for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
+                out = model(*inputs)
+                for f, q in zip(_flat(ref), _flat(out), strict=True):
+                    stats.update(f, q)
+                size = _size(inputs)
+                if self.metric is not None:
+                    total += float(self.metric(ref, out, target)) * size
+                samples += size
+        return stats.sqnr, (total / samples if self.metric is not None else None)
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [t for o in out for t in _flat(o)]
+    return []
+
+
+def _size(inputs: tuple[Any, ...]) -> int:
+    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
+    return int(first.shape[0]) if first is not None else 1
+
+
+def _quantize(gm: GraphModule, quantizer: Any, calibration: list[Any]) -> GraphModule:
+    import qviz
+
+    prepared = qviz.prepare_pt2e(gm, quantizer)
+    qviz.calibrate(prepared, calibration, progress=False)
+    return qviz.convert_pt2e(prepared)
+
+
+def _quantized_ops(prepared_plan: Any, gm: GraphModule) -> list[str]:
+    names: dict[str, None] = {}
+    for record in prepared_plan.tensors:
+        ref = record.tensor
+        names[ref.consumer if ref.consumer is not None else ref.producer] = None
+    ops = {n.name for n in gm.graph.nodes if n.op == "call_function"}
+    return [n for n in names if n in ops]
+
+
+def sensitivity(
+    exported_model: GraphModule,
+    quantizer: Any,
+    data: Any,
+    *,
+    metric: Callable[[Any, Any, Any], float] | None = None,
+    mode: str = "fallback",
+    calibration_data: Any = None,
+    progress: bool = True,
+) -> Any:
+    """Rank the quantized operators by what quantizing them costs the model.
+
+    Args:
+        exported_model: the float graph module from :func:`qviz.export` (not changed).
+        quantizer: the quantizer whose operators are tried one by one.
+        data: evaluation batches (tensors or ``(inputs..., target)``); kept in memory, with the
+            float model's outputs on them.
+        metric: optional ``metric(float_out, quant_out, target) -> float``, higher is better
+            (e.g. accuracy); the ranking then follows it.
+        mode: ``"fallback"``: everything quantized except the operator; ranked by how much the
+            model recovers, most first. ``"solo"``: only the operator quantized; ranked by how
+            much it costs alone, most first.
+        calibration_data: batches to calibrate each variant on (default: ``data``).
+        progress: show a progress bar over the operators.
+
+    Returns:
+        A DataFrame: ``rank``, ``node``, ``op``, ``module``, ``output_sqnr`` (dB), ``delta_sqnr``
+        (against every operator quantized), and ``metric`` / ``delta_metric`` when a metric is
+        given. ``df.attrs`` holds the float and all-quantized baselines.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> df = sensitivity(gm, q, [torch.randn(8, 4)], mode="solo", progress=False)
+        >>> df["node"].tolist(), df.attrs["mode"]
+        (['linear'], 'solo')
+    """
+    _check_graph(exported_model, "sensitivity")
+    if mode not in _MODES:
+        raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
+    import qviz
+
+    batches = list(batches_of(data, "sensitivity"))
+    calibration = batches
+    if calibration_data is not None:
+        calibration = list(batches_of(calibration_data, "sensitivity"))
+    evaluator = _Evaluator(exported_model, batches, metric)
+    full = qviz.prepare_pt2e(exported_model, quantizer)
+    ops = _quantized_ops(full.plan, exported_model)
+    qviz.calibrate(full, calibration, progress=False)
+    base_sqnr, base_metric = evaluator.score(qviz.convert_pt2e(full))
+    nodes = {n.name: n for n in exported_model.graph.nodes}
+    rows = []
+    for name in progress_bar(ops, progress, f"sensitivity ({mode})"):
+        names = [name] if mode == "fallback" else [o for o in ops if o != name]
+        variant = FallbackQuantizer(quantizer, names) if names else quantizer
+        out_sqnr, out_metric = evaluator.score(_quantize(exported_model, variant, calibration))
+        node = nodes[name]
+        row = {
+            "node": name,
+            "op": getattr(node.target, "__name__", str(node.target)).split(".")[0],
+            "module": module_path(node),
+            "output_sqnr": out_sqnr,
+            "delta_sqnr": out_sqnr - base_sqnr,
+        }
+        if metric is not None:
+            row |= {"metric": out_metric, "delta_metric": out_metric - base_metric}
+        rows.append(row)
+    return _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
+
+
+def _ranked(rows, mode, by_metric, base_sqnr, base_metric) -> Any:
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    key = "metric" if by_metric else "output_sqnr"
+    # fallback: the biggest recovery first; solo: the biggest cost (lowest score) first
+    df = df.sort_values(key, ascending=(mode == "solo"), kind="stable").reset_index(drop=True)
+    df.insert(0, "rank", range(1, len(df) + 1))
+    df.attrs.update(
+        mode=mode, quantized_output_sqnr=base_sqnr, quantized_metric=base_metric, ranked_by=key
+    )
+    return df
+
+
+def compare_configs(
+    exported_model: GraphModule,
+    configs: Mapping[str, Any],
+    data: Any,
+    *,
+    calibration_data: Any = None,
+    progress: bool = True,
+) -> Any:
+    """Every operator's local SQNR under each config, side by side, the best marked.
+
+    Args:
+        exported_model: the float graph module from :func:`qviz.export` (not changed).
+        configs: ``{"name": QuantizationConfig or Quantizer}``; a QuantizationConfig is used as
+            ``XNNPACKQuantizer().set_global(config)``.
+        data: batches to compare on (and to calibrate on, unless ``calibration_data``).
+        calibration_data: batches to calibrate each config on (default: ``data``).
+        progress: show a progress bar over the configs.
+
+    Returns:
+        A DataFrame with ``node``, ``op``, ``module``, one local-SQNR column (dB) per config
+        (NaN where that config leaves the operator in float), and ``best`` (the config with the
+        highest local SQNR; equal ones joined with ``" = "``). ``df.attrs["output_sqnr"]``
+        maps each config to its model-output SQNR.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import get_symmetric_quantization_config as cfg
+        >>> gm = qviz.export(torch.nn.Linear(8, 4).eval(), (torch.randn(8, 8),))
+        >>> df = compare_configs(gm, {"per-tensor": cfg(), "per-channel": cfg(True)},
+        ...                      [torch.randn(8, 8)], progress=False)
+        >>> df.columns.tolist()
+        ['node', 'op', 'module', 'per-tensor', 'per-channel', 'best']
+    """
+    _check_graph(exported_model, "compare_configs")
+    if not isinstance(configs, Mapping) or not configs:
+        raise ConfigError(
+            "compare_configs needs a non-empty dict {name: QuantizationConfig or Quantizer}"
+        )
+    from qviz.numeric.compare import compare
+
+    batches = list(batches_of(data, "compare_configs"))
+    calibration = batches
+    if calibration_data is not None:
+        calibration = list(batches_of(calibration_data, "compare_configs"))
+    frames, output_sqnr = [], {}
+    for name, config in progress_bar(list(configs.items()), progress, "configs"):
+        quantized = _quantize(exported_model, _quantizer_of(name, config), calibration)
+        report = compare(exported_model, quantized, batches, progress=False)
+        frames.append(report.df.set_index("node")[["op", "module", "local_sqnr"]])
+        output_sqnr[str(name)] = report.output_sqnr
+    return _side_by_side(exported_model, list(map(str, configs)), frames, output_sqnr)
+
+
+def _quantizer_of(name: Any, config: Any) -> Any:
+    if callable(getattr(config, "annotate", None)):
+        return config
+    from qviz.engine.quantizers import XNNPACKQuantizer
+    from qviz.engine.specs import QuantizationConfig
+
+    if not isinstance(config, QuantizationConfig):
+        raise ConfigError(
+            f"compare_configs: configs[{name!r}] is a {type(config).__name__}; give a "
+            f"QuantizationConfig (e.g. get_symmetric_quantization_config()) or a Quantizer"
+        )
+    return XNNPACKQuantizer().set_global(config)
+
+
+def _side_by_side(gm, names, frames, output_sqnr) -> Any:
+    import pandas as pd
+
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    meta = pd.concat([f[["op", "module"]] for f in frames])
+    meta = meta[~meta.index.duplicated()]
+    index = sorted(meta.index, key=lambda n: order.get(n, len(order)))
+    df = meta.loc[index].copy()
+    for name, frame in zip(names, frames, strict=True):
+        df[name] = frame["local_sqnr"].reindex(index).astype(float)
+    scores = df[names].to_numpy(dtype=float)
+    df["best"] = [_best(row, names) for row in scores]
+    df = df.reset_index()
+    df.attrs["output_sqnr"] = output_sqnr
+    return df
+
+
+def _best(row: Any, names: list[str]) -> str:
+    """The config with the highest local SQNR; ties joined with " = "; "" if none quantized."""
+    import numpy as np
+
+    if np.isnan(row).all():
+        return ""
+    top = np.nanmax(row)
+    return " = ".join(n for n, v in zip(names, row, strict=True) if v == top)
