@@ -109,10 +109,12 @@ def _quantize(args: argparse.Namespace) -> int:
         f"  test accuracy: float {float_acc:.2%}, int8 {int8_acc:.2%} "
         f"({int8_acc - float_acc:+.2%}) on {sum(len(y) for _, y in test)} images"
     )
+    ns = _worst_layers(exported, quantized, test)
     if report_path is not None:
         from qviz.viz import report
 
-        print(f"  wrote {report(prepared, report_path, title='qviz report: DigitsNet')}")
+        title = "qviz report: DigitsNet"
+        print(f"  wrote {report(prepared, report_path, ns=ns, title=title)}")
     f_size, q_size = _saved_bytes(exported, example), _saved_bytes(quantized, example)
     print(
         f"  saved program: float {f_size / 1024:.0f} KiB, int8 {q_size / 1024:.0f} KiB "
@@ -171,6 +173,20 @@ def _report(args: argparse.Namespace) -> int:
     path = report(target, args.out, title=f"qviz report: {title} ({args.stage})")
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0
+
+
+def _worst_layers(exported: Any, quantized: Any, test: Any) -> Any:
+    """Print the five operators with the lowest local SQNR; return the numeric report."""
+    from qviz.numeric import compare
+
+    ns = compare(exported, quantized, test, progress=False)
+    print(f"  output SQNR (logits, int8 vs float): {ns.output_sqnr:.2f} dB")
+    print("  five worst operators by local SQNR (own error; cumulative includes upstream):")
+    worst = ns.worst(5)[["node", "op", "module", "local_sqnr", "sqnr"]]
+    table = worst.rename(columns={"local_sqnr": "local dB", "sqnr": "cumulative dB"})
+    lines = table.to_string(index=False, float_format=lambda v: f"{v:.2f}").splitlines()
+    print("\n".join(f"    {line}" for line in lines))
+    return ns
 
 
 def _main_job(args: argparse.Namespace) -> int:

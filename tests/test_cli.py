@@ -26,6 +26,9 @@ def test_no_arguments_runs_the_main_job(capsys, tmp_path, monkeypatch):
     assert "SQNR dB" in out  # the calibrator table
     assert "test accuracy: float 99.72%, int8" in out  # the PT2E flow
     assert "left in float: 0" in out
+    assert "five worst operators by local SQNR" in out  # the numeric suite
+    assert "local dB" in out and "cumulative dB" in out
+    assert "Numeric suite" in html
 
 
 def test_quantize_reports_float_and_int8_accuracy(capsys):

@@ -205,7 +205,8 @@ def _colour_bar(span: tuple[float, float], metric: str) -> str:
     )
 
 
-def _legend_rows(stage: str) -> list[tuple[str, str]]:
+def _legend_rows(stage: str, kinds: set[str], muted: bool) -> list[tuple[str, str]]:
+    """The legend's rows for what this drawing shows (nothing it does not)."""
     rows = [("#ffffff", "op")]
     if stage == "annotated":
         rows += [
@@ -213,15 +214,19 @@ def _legend_rows(stage: str) -> list[tuple[str, str]]:
             ("", "out ...: output spec; fixed s= zp=, shares (...), derived from ..."),
             ("", "grey dashed edge 'float': input annotated None"),
         ]
-    if stage == "observed":
+    if stage == "observed" and muted:
+        rows += [(_MUTED, "gN: observer of sharing group N (colours muted under the metric)")]
+    elif stage == "observed":
         rows += [(PALETTE[0], "gN: observer of sharing group N (same colour = one observer)")]
     if stage == "converted":
         rows += [
             (_STYLE["quantize"][0], "quantize (scale, zero_point)"),
             (_STYLE["dequantize"][0], "dequantize; int8 weight: stored integer weight"),
         ]
-    rows.append((_STYLE["float"][0], "left in float (hover: reason)"))
-    rows.append((_STYLE["collapsed"][0], "collapsed module (op count)"))
+    if "float" in kinds:
+        rows.append((_STYLE["float"][0], "left in float (hover: reason)"))
+    if "collapsed" in kinds:
+        rows.append((_STYLE["collapsed"][0], "collapsed module (op count)"))
     return rows
 
 
@@ -229,10 +234,12 @@ def _bg(colour: str) -> str:
     return f' bgcolor="{colour}"' if colour else ""
 
 
-def _legend(g: Any, stage: str, span: tuple[float, float] | None, metric: str) -> None:
+def _legend(g: Any, view: GraphView, span: tuple[float, float] | None) -> None:
+    stage, metric = view.stage, view.metric
+    kinds = {n.kind for n in view.nodes}
     cells = "".join(
         f'<tr><td{_bg(c)} width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
-        for c, t in _legend_rows(stage)
+        for c, t in _legend_rows(stage, kinds, span is not None)
     )
     if span is not None:
         cells += _colour_bar(span, metric)
@@ -274,7 +281,7 @@ def to_digraph(view: GraphView, highlight: Collection[str] = (), legend: bool = 
     for e in view.edges:
         g.edge(e.src, e.dst, **_edge_attrs(e))
     if legend:
-        _legend(g, view.stage, span, view.metric)
+        _legend(g, view, span)
     return g
 
 

@@ -108,14 +108,14 @@ def report(
     heading = "qviz report" if title is None else str(title)
     sections = [
         _summary_section(model, plan, stage),
-        _graph_section(model),
+        _graph_section(model, ns if _has_local_sqnr(frame) else None),
         _ranges_section(model, stage),
         _histogram_section(model, plan, stage),
         _groups_section(plan),
     ]
     sections = [s for s in sections if s]
     if frame is not None:
-        sections.append(_section("Numeric suite", frame.to_html(border=0, max_rows=500)))
+        sections.append(_numeric_section(ns, frame))
     out.write_text(_page(heading, stage, sections), encoding="utf-8")
     return out
 
@@ -227,18 +227,35 @@ def _strip_prolog(svg: str) -> str:
     return svg[start:] if start >= 0 else svg
 
 
-def _graph_section(model: Any) -> str:
+def _has_local_sqnr(frame: Any) -> bool:
+    return frame is not None and "local_sqnr" in getattr(frame, "columns", ())
+
+
+def _numeric_section(ns: Any, frame: Any) -> str:
+    """The numeric suite's summary, its SQNR bars (for a NumericReport) and its table."""
+    from qviz.numeric.report import NumericReport
+
+    parts = []
+    if isinstance(ns, NumericReport):
+        parts.append(f"<p>{_esc(ns.summary())}</p>")
+        parts.append(_figure(ns.plot(), "local (own) and cumulative SQNR per operator, dB"))
+    table = frame.to_html(border=0, max_rows=500, float_format=lambda v: f"{v:.4g}", na_rep="")
+    parts.append(f'<div class="scroll">{table}</div>')
+    return _section("Numeric suite", "".join(parts))
+
+
+def _graph_section(model: Any, metrics: Any = None) -> str:
     from qviz.viz.graphs import graph
 
     try:
-        drawn = graph(model)
+        drawn = graph(model, metrics=metrics)
         note = ""
         if len(drawn) > _BIG_GRAPH:
             note = (
                 f"The graph has {len(drawn)} nodes; modules are collapsed to depth {_COLLAPSE} "
                 f"(draw it whole with qviz.viz.graph(model))."
             )
-            drawn = graph(model, collapse=_COLLAPSE)
+            drawn = graph(model, collapse=_COLLAPSE, metrics=metrics)
         svg = _strip_prolog(drawn.svg())
     except MissingDependencyError as exc:
         return _section("Graph", _note(f"The graph could not be drawn: {exc}"))

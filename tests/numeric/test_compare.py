@@ -206,3 +206,13 @@ def test_report_from_plain_records():
     r = NumericReport.from_table([{"node": "a", "local_sqnr": 1.0, "sqnr": 2.0}])
     assert list(r.df.columns)[:4] == ["node", "op", "module", "local_sqnr"]
     assert r.summary().startswith("1 quantized ops")
+
+
+def test_html_report_shows_the_suite_and_colours_the_graph(digits, report, tmp_path):
+    from qviz.viz import report as html_report
+
+    _, _, _, quantized, _ = digits
+    page = html_report(quantized, tmp_path / "r.html", ns=report).read_text()
+    assert "local (own) and cumulative SQNR per operator" in page  # the bars, inline PNG
+    assert "local_sqnr: low (red) to high (green)" in page  # the graph's heatmap legend
+    assert report.summary() in page
