@@ -3,7 +3,8 @@
 Each op carries the innermost module path it came from (``nn_module_stack``), e.g.
 ``layer1.0.conv1``. Collapsing merges every op under a module path into one box labelled with
 the path and its op count; observer markers between two ops of the same box disappear with them.
-A collapsed box carries the lowest (worst) metric value of its members.
+A collapsed box carries the lowest (worst) metric value of its members, and says how many of its
+ops were left in float.
 
 Example:
     >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
@@ -91,6 +92,7 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
     types = dict(view.module_types)
     nodes: dict[str, ViewNode] = {}
     counts: dict[str, int] = {}
+    floats: dict[str, list[str]] = {}
     worst: dict[str, float] = {}
     for node in view.nodes:
         name = rep[node.name]
@@ -99,6 +101,8 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
             continue
         if node.kind != "marker":
             counts[name] = counts.get(name, 0) + node.count
+        if node.kind == "float":
+            floats.setdefault(name, []).append(node.name)
         if node.value is not None:
             worst[name] = min(worst.get(name, node.value), node.value)
         if name not in nodes:
@@ -108,8 +112,14 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
     for name, count in counts.items():
         old = nodes[name]
         value = worst.get(name)
+        detail, tooltip = old.detail, ""
+        if name in floats:  # a box must not hide that some of its ops stay in float
+            left = floats[name]
+            note = f"{len(left)} left in float"
+            detail = f"{detail}\\n{note}" if detail else note
+            tooltip = f"left in float: {', '.join(left)}"
         nodes[name] = ViewNode(
-            name, old.kind, old.label, old.detail, old.module, count=count, value=value
+            name, old.kind, old.label, detail, old.module, tooltip=tooltip, count=count, value=value
         )
     return GraphView(
         view.stage, tuple(nodes.values()), _merge_edges(view, rep), view.module_types, view.metric

@@ -352,13 +352,23 @@ def _render(src: _Source, *, log: bool) -> Any:
     nonzero = (counts > 0).nonzero()[0]  # the data's extent, not the histogram's spare bins
     first, last = (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, len(counts))
     xs = [float(edges[first]), float(edges[last])]
+    same_x: dict[float, int] = {}
+    for gid, x, _ in src.lines:
+        if not gid.startswith("observer"):
+            same_x[x] = same_x.get(x, 0) + 1
+    drawn_at: dict[float, int] = {}
     for gid, x, label in src.lines:
         method = gid.split(":", 1)[1]
         observer = gid.startswith("observer")
+        style: Any = ":"
+        if not observer:  # methods that pick the same range interleave their dashes
+            k, n = drawn_at.get(x, 0), same_x[x]
+            drawn_at[x] = k + 1
+            style = "--" if n == 1 else (4.0 * k, (4.0, 4.0 * (n - 1)))
         plot_ax.axvline(
             x,
             color="black" if observer else _COLORS.get(method, "tab:gray"),
-            linestyle=":" if observer else "--",
+            linestyle=style,
             linewidth=1.6,
             label=label or None,
             gid=gid,

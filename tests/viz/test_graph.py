@@ -353,3 +353,15 @@ def test_metrics_work_on_every_stage(annotated, digits):
             "linear": 20.0,
             "conv2d": 30.0,
         }
+
+
+def test_a_collapsed_box_says_how_many_of_its_ops_stay_in_float():
+    from qviz.numeric import fallback
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    gm = qviz.export(model.eval(), (torch.randn(2, 4),))
+    base = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = qviz.prepare_pt2e(gm, fallback(base, ["2"]))
+    dot = graph(prepared, collapse=1).dot
+    assert "1 left in float" in dot and 'tooltip="left in float: linear_1"' in dot
+    assert dot.count("left in float</font>") == 1  # only the box holding linear_1
