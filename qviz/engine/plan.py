@@ -162,6 +162,8 @@ class GroupRecord:
     spec: SpecSummary
     members: tuple[TensorRef, ...]
     qparams: QParams | None = None
+    #: A calibration choice the user made for this group (e.g. ``"entropy"``), or None.
+    choice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,11 @@ class QuantPlan:
         groups = tuple(replace(g, qparams=qparams.get(g.group, g.qparams)) for g in self.groups)
         return replace(self, groups=groups)
 
+    def with_choices(self, choices: dict[int, str]) -> QuantPlan:
+        """A copy whose groups record the user's calibration choices (group -> method)."""
+        groups = tuple(replace(g, choice=choices.get(g.group, g.choice)) for g in self.groups)
+        return replace(self, groups=groups)
+
     def to_records(self, kind: str = "tensors") -> list[dict]:
         """Rows for a DataFrame: ``"tensors"``, ``"groups"`` or ``"float"``."""
         rows = {"tensors": self.tensors, "groups": self.groups, "float": self.float_nodes}
@@ -220,7 +227,8 @@ class QuantPlan:
         lines = [f"QuantPlan: {len(self.groups)} observer groups, {len(self.tensors)} tensors"]
         records = {rec.tensor: rec for rec in self.tensors}
         for g in self.groups:
-            lines.append(f"  group {g.group} ({g.observer}): {_describe_group(g)}")
+            chosen = f" [user choice: {g.choice}]" if g.choice else ""
+            lines.append(f"  group {g.group} ({g.observer}): {_describe_group(g)}{chosen}")
             for ref in g.members:
                 rec = records[ref]
                 via = f" via {rec.via}" if rec.via and rec.how != "own spec" else ""

@@ -1,0 +1,61 @@
+"""choose_range: a user's calibration choice reaches the plan and convert."""
+
+import pytest
+import torch
+
+import qviz
+from qviz.data import digits_loaders, digits_model
+from qviz.engine.choices import choose_range
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.errors import ConfigError
+
+
+def _prepared(switchable=True):
+    calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
+    gm = qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
+    config = get_symmetric_quantization_config(is_per_channel=True, switchable=switchable)
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    return qviz.calibrate(prepared, calib, progress=False)
+
+
+@pytest.fixture
+def prepared():
+    return _prepared()
+
+
+def test_one_observer_choice_is_recorded_and_converted(prepared):
+    group = prepared.plan.group_of("relu_2")
+    expected = prepared.get_submodule(group.observer).calculate_qparams(method="entropy")
+    (record,) = choose_range(prepared, "entropy", observers=group.observer)
+    assert record.choice == "entropy" and record.group == group.group
+    assert f"({group.observer}):" in str(prepared.plan) and "[user choice: entropy]" in str(
+        prepared.plan
+    )
+    converted = qviz.convert_pt2e(prepared)
+    qp = converted.plan.group_of("relu_2").qparams
+    assert (qp.scale, qp.zero_point) == (float(expected[0]), int(expected[1]))
+    assert converted.plan.group_of("relu_2").choice == "entropy"
+    others = [g for g in converted.plan.groups if g.group != group.group]
+    assert all(g.choice is None for g in others)
+
+
+def test_apply_to_all_and_percentile(prepared):
+    records = choose_range(prepared, "percentile", percentile=99.9)
+    histogram = [g for g in prepared.plan.groups if g.spec.observer == "HistogramObserver"]
+    assert len(records) == len(histogram) == 8
+    assert {r.choice for r in records} == {"percentile 99.9"}
+    assert all(prepared.get_submodule(r.observer).percentile == 99.9 for r in records)
+
+
+def test_refusals_change_nothing():
+    prepared = _prepared(switchable=False)
+    with pytest.raises(ConfigError, match="switchable=True"):
+        choose_range(prepared, "entropy")
+    assert all(g.choice is None for g in prepared.plan.groups)
+    assert {prepared.get_submodule(g.observer).method for g in prepared.plan.groups[:1]} == {"l2"}
+    with pytest.raises(ConfigError, match="not HistogramObserver groups"):
+        choose_range(prepared, "l2", observers=["observer_1"])  # a weight's MinMax observer
+    with pytest.raises(ConfigError, match="method"):
+        choose_range(prepared, "median")
+    with pytest.raises(ConfigError, match="prepared model"):
+        choose_range(torch.nn.ReLU(), "l2")
