@@ -376,15 +376,29 @@ def compare(
     )
 
 
+def _needed(rows: list[_Row]) -> set[int]:
+    """Float handles to keep: each row's reference and the producers of its inputs."""
+    quantize_ops, dequantize_ops = _qdq_ops()
+    qdq = quantize_ops | dequantize_ops
+    wanted = {r.ref for r in rows}
+    for r in rows:
+        for arg in r.node.all_input_nodes:
+            while arg.op == "call_function" and arg.target in qdq:
+                arg = arg.args[0]
+            ref = float_handle(arg) if arg.op == "call_function" else None
+            if ref is not None:
+                wanted.add(ref)
+    return wanted
+
+
 def _chain_first(first: Any, rest: Iterable[Any]) -> Iterable[Any]:
     yield first
     yield from rest
 
 
 def _run(fgm, qgm, rows, batches, n_inputs, metric, progress) -> NumericReport:
-    wanted = {r.ref for r in rows}
+    wanted = _needed(rows)
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
-    wanted |= set(float_handles.values())  # the producers of local inputs too
     outputs, metric_sum, samples, count = PairStats(), 0.0, 0, 0
     from qviz.numeric.progress import progress_bar
 

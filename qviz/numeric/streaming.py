@@ -25,12 +25,14 @@ import torch
 __all__ = ["GridStats", "PairStats"]
 
 
-def _sum_sq(t: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(t, dtype=torch.float64) ** 2)
+def _float(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().reshape(-1)
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.sum(a.double() * b.double()))
+def _sum_of_products(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``sum(a * b)``; torch's float32 sum is a cascade sum, accurate to ~1e-8 relative here."""
+    return float(torch.sum(a * b))
 
 
 @dataclass
@@ -49,17 +51,22 @@ class PairStats:
     max_abs: float = 0.0
 
     def update(self, reference: torch.Tensor, test: torch.Tensor) -> None:
-        """Add one batch; both tensors must have the same number of elements."""
-        ref = reference.detach().reshape(-1)
-        out = test.detach().reshape(-1).to(ref.device, ref.dtype)
+        """Add one batch; both tensors must have the same number of elements.
+
+        Each batch's sums are taken in the tensors' precision (float32 sums are cascade sums)
+        and accumulated across batches in Python floats (float64).
+        """
+        ref = _float(reference)
+        out = _float(test).to(ref.device, ref.dtype)
         err = out - ref
         self.count += ref.numel()
-        self.ref_sq += _sum_sq(ref)
-        self.test_sq += _sum_sq(out)
-        self.err_sq += _sum_sq(err)
-        self.dot += _dot(ref, out)
+        self.ref_sq += _sum_of_products(ref, ref)
+        self.test_sq += _sum_of_products(out, out)
+        self.err_sq += _sum_of_products(err, err)
+        self.dot += _sum_of_products(ref, out)
         if err.numel():
-            self.max_abs = max(self.max_abs, float(err.abs().max()))
+            low, high = torch.aminmax(err)
+            self.max_abs = max(self.max_abs, -float(low), float(high))
 
     @property
     def sqnr(self) -> float:
@@ -116,19 +123,21 @@ class GridStats:
 
     def update(self, x: torch.Tensor) -> None:
         """Add one batch of float values."""
-        x = x.detach().reshape(-1).float()
+        x = _float(x).float()
         if not x.numel():
             return
         self.count += x.numel()
-        self.low = min(self.low, float(x.min()))
-        self.high = max(self.high, float(x.max()))
+        low, high = torch.aminmax(x)
+        self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
         half = self.scale / 2
-        beyond = (x < self.grid_min - half) | (x > self.grid_max + half)
-        self.outside += int(beyond.sum())
-        q = torch.clamp(
-            torch.round(x / self.scale) + self.zero_point, self.quant_min, self.quant_max
+        if float(low) < self.grid_min - half or float(high) > self.grid_max + half:
+            beyond = (x < self.grid_min - half) | (x > self.grid_max + half)
+            self.outside += int(beyond.sum())
+        q = torch.fake_quantize_per_tensor_affine(
+            x, self.scale, self.zero_point, self.quant_min, self.quant_max
         )
-        self.err_sq += _sum_sq((q - self.zero_point) * self.scale - x)
+        err = q - x
+        self.err_sq += _sum_of_products(err, err)
 
     @property
     def clipped(self) -> float:
