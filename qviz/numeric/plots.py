@@ -51,14 +51,15 @@ def sqnr_bars(df: Any, *, top: int | None = None, title: str = "") -> Any:
     ys = list(range(len(labels)))
     ax.barh([y - 0.2 for y in ys], local, height=0.4, color="tab:blue", label="local (own error)")
     ax.barh([y + 0.2 for y in ys], cumulative, height=0.4, color="tab:orange", label="cumulative")
-    if len(labels):
-        worst = min(range(len(labels)), key=lambda i: local[i] if local[i] else math.inf)
+    measured = [i for i, v in enumerate(df["local_sqnr"]) if not math.isnan(float(v))]
+    if measured:
+        worst = min(measured, key=lambda i: local[i])
         ax.barh(worst - 0.2, local[worst], height=0.4, fill=False, edgecolor="red", linewidth=2)
     ax.set_yticks(ys, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("SQNR (dB, higher is better)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, frameon=False)
     if title:
-        ax.set_title(title, fontsize=9, loc="left")
+        fig.suptitle(title, fontsize=9, x=0.01, ha="left")
     return fig

@@ -86,6 +86,16 @@ class _Evaluator:
         self.metric = metric
         with torch.no_grad():
             self.float_outputs = [float_gm(*inputs) for inputs, _ in self.batches]
+        self.float_metric = self._float_metric()
+
+    def _float_metric(self) -> float | None:
+        if self.metric is None:
+            return None
+        total, samples = 0.0, 0
+        for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
+            total += float(self.metric(ref, ref, target)) * _size(inputs)
+            samples += _size(inputs)
+        return total / samples
 
     def score(self, model: Any) -> tuple[float, float | None]:
         """(output SQNR in dB, the metric averaged over samples or None)."""
@@ -158,9 +168,11 @@ def sensitivity(
         progress: show a progress bar over the operators.
 
     Returns:
-        A DataFrame: ``rank``, ``node``, ``op``, ``module``, ``output_sqnr`` (dB), ``delta_sqnr``
-        (against every operator quantized), and ``metric`` / ``delta_metric`` when a metric is
-        given. ``df.attrs`` holds the float and all-quantized baselines.
+        A DataFrame: ``rank``, ``node``, ``op``, ``module``, ``output_sqnr`` (dB, against the
+        float outputs); in fallback mode ``delta_sqnr``, the gain over every operator quantized;
+        and with a metric, ``metric`` and ``delta_metric`` (fallback: against every operator
+        quantized; solo: against the float model, the operator's cost). ``df.attrs`` holds the
+        baselines (``quantized_output_sqnr``, ``quantized_metric``, ``float_metric``).
 
     Example:
         >>> import torch, qviz
@@ -197,12 +209,16 @@ def sensitivity(
             "op": getattr(node.target, "__name__", str(node.target)).split(".")[0],
             "module": module_path(node),
             "output_sqnr": out_sqnr,
-            "delta_sqnr": out_sqnr - base_sqnr,
         }
+        if mode == "fallback":  # how much keeping it in float recovers
+            row["delta_sqnr"] = out_sqnr - base_sqnr
         if metric is not None:
-            row |= {"metric": out_metric, "delta_metric": out_metric - base_metric}
+            versus = base_metric if mode == "fallback" else evaluator.float_metric
+            row |= {"metric": out_metric, "delta_metric": out_metric - versus}
         rows.append(row)
-    return _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
+    df = _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
+    df.attrs["float_metric"] = evaluator.float_metric
+    return df
 
 
 def _ranked(rows, mode, by_metric, base_sqnr, base_metric) -> Any:

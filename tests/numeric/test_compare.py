@@ -216,3 +216,13 @@ def test_html_report_shows_the_suite_and_colours_the_graph(digits, report, tmp_p
     assert "local (own) and cumulative SQNR per operator" in page  # the bars, inline PNG
     assert "local_sqnr: low (red) to high (green)" in page  # the graph's heatmap legend
     assert report.summary() in page
+
+
+def test_solo_mode_measures_each_operators_cost_against_float(digits):
+    _, gm, quantizer, _, test = digits
+    df = sensitivity(gm, quantizer, test[:2], metric=accuracy, mode="solo", progress=False)
+    assert "delta_sqnr" not in df.columns
+    float_accuracy = evaluate(gm, test[:2])
+    assert df.attrs["float_metric"] == pytest.approx(float_accuracy)
+    assert df["delta_metric"].to_numpy() == pytest.approx(df["metric"].to_numpy() - float_accuracy)
+    assert df["metric"].is_monotonic_increasing  # the costliest operator first
