@@ -1,6 +1,9 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
 # Both create .venv, install qviz with its test extras, and install Debian's graphviz when `dot`
-# is missing. Every step is skipped when it is already done.
+# is missing (and Debian's chromium, for the browser tests, when /usr/bin/chromium is missing).
+# Every step is skipped when it is already done.
+# `QVIZ_SKIP_BROWSER=1 make test` skips the browser tests (tests/widgets/e2e) locally; CI never
+# sets it, and without it a missing chromium fails those tests rather than skipping them.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -26,6 +29,16 @@ system-deps:
 	         "(Debian/Ubuntu), 'conda install -c conda-forge graphviz' or 'brew install graphviz'," \
 	         "then run make again." >&2; \
 	    exit 1; \
+	  fi; \
+	fi
+	@if [ ! -x /usr/bin/chromium ] && [ "$${QVIZ_SKIP_BROWSER:-}" != 1 ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium (for the browser tests)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "the browser tests need Chromium at /usr/bin/chromium: install it with" \
+	         "'sudo apt-get install chromium' (Debian/Ubuntu), or skip them with" \
+	         "QVIZ_SKIP_BROWSER=1 make test." >&2; \
 	  fi; \
 	fi
 

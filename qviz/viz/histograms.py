@@ -1,7 +1,7 @@
 """``histogram``: what a calibrator or observer saw, and the range each calibration method picks.
 
 One function, one code path, four kinds of input. Each input is first turned into a
-``_Source``: the counts to draw, the vertical lines to draw and one row of numbers per method,
+``HistogramData``: the counts to draw, the vertical lines to draw and one row of numbers per method,
 all read from the calibrator or observer itself (``compute_amax``, ``calculate_qparams``,
 ``histogram``); then one renderer draws any source.
 
@@ -48,7 +48,7 @@ from qviz.engine.tensor_quant import fake_tensor_quant
 from qviz.engine.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 
-__all__ = ["histogram"]
+__all__ = ["HistogramData", "QuantGrid", "histogram", "histogram_data"]
 
 _DEFAULT_METHODS = ("max", "percentile", "entropy", "mse")
 _DISPLAY_BINS = 256  # bins drawn (neighbours summed); the numbers use every bin
@@ -63,7 +63,9 @@ _COLORS = {
 
 
 @dataclass(frozen=True)
-class _Grid:
+class QuantGrid:
+    """The quantization levels ``scale * (q - zero_point)`` for q in quant_min..quant_max."""
+
     scale: float
     zero_point: int
     quant_min: int
@@ -71,8 +73,13 @@ class _Grid:
 
 
 @dataclass(frozen=True)
-class _Source:
-    """Everything the renderer needs, read from one calibrator or observer."""
+class HistogramData:
+    """Everything a histogram view draws, read from one calibrator or observer.
+
+    ``lines`` are ``(gid, x, label)``: ``"method:<name>"`` at each method's amax and
+    ``"observer:..."`` at the observer's own range; ``rows`` one dict per method (see
+    :func:`histogram`); ``grid`` the quantization levels of the first row (or the observer's).
+    """
 
     title: str
     counts: torch.Tensor  # float64
@@ -80,7 +87,7 @@ class _Source:
     signed: bool  # False: a histogram of |x|
     lines: tuple[tuple[str, float, str], ...]  # (gid, x, legend label)
     rows: tuple[dict[str, Any], ...]
-    grid: _Grid | None
+    grid: QuantGrid | None
     note: str = ""
 
 
@@ -135,13 +142,41 @@ def histogram(
         >>> fig.qviz_rows[0]["scale"], fig.qviz_rows[0]["clipped_fraction"]
         (0.14285714285714285, 0.0)
     """
+    source = histogram_data(
+        observer_or_tensor,
+        methods=methods,
+        num_bits=num_bits,
+        percentile=percentile,
+        channel=channel,
+    )
+    return _render(source, log=bool(log))
+
+
+def histogram_data(
+    observer_or_tensor: Any,
+    *,
+    methods: tuple[str, ...] | list[str] = _DEFAULT_METHODS,
+    num_bits: int | None = None,
+    percentile: float | None = None,
+    channel: int = 0,
+) -> HistogramData:
+    """What :func:`histogram` draws, as data: counts, each method's range and its cost.
+
+    The same arguments as :func:`histogram` (without ``log``); other renderers (the widgets'
+    fast SVG) draw the same numbers.
+
+    Example:
+        >>> import torch
+        >>> data = histogram_data(torch.linspace(-1, 1, 1001), methods=("max",))
+        >>> data.rows[0]["method"], round(data.rows[0]["amax"], 3), data.signed
+        ('max', 1.0, False)
+    """
     wanted = _parse_methods(methods)
     if percentile is not None and not (
         isinstance(percentile, int | float) and not isinstance(percentile, bool)
     ):
         raise ConfigError(f"percentile must be a number in (0, 100], got {percentile!r}")
-    source = _source(observer_or_tensor, wanted, num_bits, percentile, channel)
-    return _render(source, log=bool(log))
+    return _source(observer_or_tensor, wanted, num_bits, percentile, channel)
 
 
 def _parse_methods(methods: Any) -> tuple[str, ...]:
@@ -158,8 +193,8 @@ def _parse_methods(methods: Any) -> tuple[str, ...]:
 
 def _source(
     obj: Any, methods: tuple[str, ...], num_bits: int | None, pct: float | None, channel: int
-) -> _Source:
-    """Dispatch on the input kind; every branch ends in the same ``_Source``."""
+) -> HistogramData:
+    """Dispatch on the input kind; every branch ends in the same ``HistogramData``."""
     if isinstance(obj, torch.Tensor):
         calib = HistogramCalibrator(8 if num_bits is None else num_bits, name="tensor")
         calib.collect(obj)
@@ -221,7 +256,7 @@ def _calibrator_source(
     *,
     narrow_range: bool,
     title: str,
-) -> _Source:
+) -> HistogramData:
     counts, edges = calib.histogram(channel)
     values, weights = _centres(counts, edges)
     bits, unsigned = calib.num_bits, calib.unsigned
@@ -239,10 +274,10 @@ def _calibrator_source(
         rows.append(_row(method, amax, low, amax, scale, 0, clipped, sqnr_db, current=False))
         lines.append((f"method:{method}", amax, f"{method}  amax={amax:.4g}"))
     first = rows[0]
-    grid = _Grid(first["scale"], 0, 0 if unsigned else -qmax, qmax)
+    grid = QuantGrid(first["scale"], 0, 0 if unsigned else -qmax, qmax)
     axis = f" channel {channel}" if calib.axis is not None else ""
     head = f"{title}{axis}: |x| of {calib.num_elements:,} values, {bits}-bit"
-    return _Source(head, weights, edges, False, tuple(lines), tuple(rows), grid)
+    return HistogramData(head, weights, edges, False, tuple(lines), tuple(rows), grid)
 
 
 def _row(method, amax, low, high, scale, zero_point, clipped, sqnr_db, *, current):
@@ -266,7 +301,7 @@ def _affine(values: torch.Tensor, scale: float, zero_point: int, qmin: int, qmax
 
 def _observer_source(
     obs: HistogramObserver, methods: tuple[str, ...], pct: float | None
-) -> _Source:
+) -> HistogramData:
     """Rows from ``calculate_qparams(method=...)``; lines at the calibrator's amax."""
     if obs.num_batches == 0 or not (obs.calibrator is not None or float(obs.histogram.sum())):
         raise CalibrationError(
@@ -306,7 +341,7 @@ def _observer_source(
     return _observer_finish(obs, calib, rows, lines, missing)
 
 
-def _observer_finish(obs, calib, rows, lines, missing) -> _Source:
+def _observer_finish(obs, calib, rows, lines, missing) -> HistogramData:
     own = next(r for r in rows if r["current"])
     signed = calib is None
     if signed:
@@ -331,11 +366,11 @@ def _observer_finish(obs, calib, rows, lines, missing) -> _Source:
         )
     dtype = str(obs.dtype).removeprefix("torch.")
     head = f"HistogramObserver {dtype} [{obs.quant_min}, {obs.quant_max}]: {what}"
-    grid = _Grid(own["scale"], own["zero_point"], obs.quant_min, obs.quant_max)
-    return _Source(head, counts, edges, signed, tuple(lines), tuple(rows), grid, note)
+    grid = QuantGrid(own["scale"], own["zero_point"], obs.quant_min, obs.quant_max)
+    return HistogramData(head, counts, edges, signed, tuple(lines), tuple(rows), grid, note)
 
 
-def _render(src: _Source, *, log: bool) -> Any:
+def _render(src: HistogramData, *, log: bool) -> Any:
     """Draw a source: histogram, method lines, grid ticks, legend and the table below."""
     n_rows = len(src.rows)
     fig = new_figure(figsize=(9, 5.2 + 0.28 * n_rows), layout="constrained")
@@ -400,7 +435,7 @@ def _display_bins(counts: torch.Tensor, edges: torch.Tensor) -> tuple[Any, Any]:
     return merged.numpy(), new_edges.numpy()
 
 
-def _draw_grid(ax: Any, src: _Source) -> None:
+def _draw_grid(ax: Any, src: HistogramData) -> None:
     """Light ticks at the quantization levels, when few enough are visible to tell apart."""
     g = src.grid
     if g is None or g.scale <= 0:

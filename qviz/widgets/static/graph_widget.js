@@ -1,0 +1,372 @@
+// qviz GraphWidget front end: places a Graphviz SVG drawn in Python, pans and zooms it, and
+// reports clicks and searches back through the widget's traits. Plain ES module for anywidget:
+// no dependencies, no build step, nothing fetched from the network.
+//
+// The drawing sits in one <g class="qviz-viewport"> whose transform is
+// translate(tx ty) scale(k) in CSS pixels: vector zoom, always crisp.
+// Graphviz writes <g class="node|edge|cluster"><title>NAME</title>...</g>; a node's title is
+// its name ("conv2d", "module/layer1", "obs/conv2d"), an edge's "a->b", a cluster's
+// "cluster_PATH".
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const DRAG_PX = 4;
+const ZOOM_STEP = 1.25;
+const MIN_SCALE = 0.02;
+const MAX_SCALE = 40;
+const PAD = 4;
+const CLICKABLE = "g.node, g.edge, g.cluster";
+
+function make(tag, className, parent, ns) {
+  const node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
+  if (className) node.setAttribute("class", className);
+  if (parent) parent.appendChild(node);
+  return node;
+}
+
+function button(parent, text, title) {
+  const b = make("button", "qviz-graph-button", parent);
+  b.type = "button";
+  b.textContent = text;
+  b.title = title;
+  return b;
+}
+
+function buildChrome(el) {
+  const root = make("div", "qviz-graph", el);
+  const bar = make("div", "qviz-graph-toolbar", root);
+  const input = make("input", "qviz-graph-search", bar);
+  input.type = "search";
+  input.placeholder = "search nodes";
+  input.spellcheck = false;
+  const count = make("span", "qviz-graph-count", bar);
+  const zoomIn = button(bar, "+", "zoom in");
+  const zoomOut = button(bar, "\u2212", "zoom out");
+  const reset = button(bar, "reset", "fit the whole graph");
+  const viewport = make("div", "qviz-graph-viewport", root);
+  return { root, input, count, zoomIn, zoomOut, reset, viewport };
+}
+
+function titleOf(group) {
+  const t = group.querySelector(":scope > title");
+  return t ? t.textContent.trim() : "";
+}
+
+function kindOf(group) {
+  const cls = group.classList;
+  return cls.contains("node") ? "node" : cls.contains("edge") ? "edge" : "cluster";
+}
+
+// ---- placing the SVG -------------------------------------------------------------------------
+
+function viewBoxOf(svg) {
+  const box = (svg.getAttribute("viewBox") || "").trim().split(/[\s,]+/).map(Number);
+  if (box.length === 4 && box.every(Number.isFinite)) return box;
+  return [0, 0, parseFloat(svg.getAttribute("width")) || 100, parseFloat(svg.getAttribute("height")) || 100];
+}
+
+function parseSvg(text) {
+  const doc = new DOMParser().parseFromString(text, "image/svg+xml");
+  const svg = doc.documentElement;
+  if (svg.nodeName.toLowerCase() !== "svg" || doc.querySelector("parsererror")) return null;
+  return document.importNode(svg, true);
+}
+
+// A wide invisible stroke over thin outlines (edges, cluster borders) so they are easy to click.
+function widenHitAreas(root) {
+  for (const shape of root.querySelectorAll("g.edge path, g.cluster > path, g.cluster > polygon")) {
+    const hit = shape.cloneNode(false);
+    hit.setAttribute("class", "qviz-hit");
+    hit.removeAttribute("stroke-dasharray");
+    shape.after(hit);
+  }
+}
+
+function placeSvg(view, text) {
+  view.viewport.replaceChildren();
+  view.svg = view.g = view.overlay = null;
+  const svg = text ? parseSvg(text) : null;
+  if (!svg) {
+    make("div", "qviz-graph-empty", view.viewport).textContent = text ? "not an SVG drawing" : "no graph";
+    return;
+  }
+  const [x0, y0, w, h] = viewBoxOf(svg);
+  view.box = { x0, y0, w, h };
+  for (const attr of ["width", "height", "viewBox"]) svg.removeAttribute(attr);
+  svg.setAttribute("width", "100%");
+  svg.setAttribute("height", "100%");
+  svg.classList.add("qviz-graph-svg");
+  const g = make("g", "qviz-viewport", null, SVG_NS);
+  g.append(...svg.childNodes);
+  svg.appendChild(g);
+  widenHitAreas(g);
+  view.overlay = make("g", "qviz-overlay", g, SVG_NS);
+  view.viewport.appendChild(svg);
+  Object.assign(view, { svg, g, fitted: false });
+}
+
+// ---- pan and zoom --------------------------------------------------------------------------
+
+function apply(view) {
+  if (view.g) view.g.setAttribute("transform", `translate(${view.tx} ${view.ty}) scale(${view.k})`);
+}
+
+function size(view) {
+  return { cw: view.viewport.clientWidth, ch: view.viewport.clientHeight };
+}
+
+function fit(view) {
+  const { cw, ch } = size(view);
+  if (!view.g || cw === 0 || ch === 0) return false;
+  const { x0, y0, w, h } = view.box;
+  view.k = Math.min(cw / w, ch / h, 1);
+  view.tx = (cw - view.k * w) / 2 - view.k * x0;
+  view.ty = (ch - view.k * h) / 2 - view.k * y0;
+  view.fitted = true;
+  apply(view);
+  return true;
+}
+
+function zoomAt(view, mx, my, factor) {
+  const k = Math.min(MAX_SCALE, Math.max(MIN_SCALE, view.k * factor));
+  const f = k / view.k;
+  view.tx = mx - (mx - view.tx) * f;
+  view.ty = my - (my - view.ty) * f;
+  view.k = k;
+  apply(view);
+}
+
+function zoomCentre(view, factor) {
+  const { cw, ch } = size(view);
+  zoomAt(view, cw / 2, ch / 2, factor);
+}
+
+function onWheel(view, event) {
+  if (!view.g) return;
+  event.preventDefault();
+  const rect = view.svg.getBoundingClientRect();
+  const delta = event.deltaMode === 1 ? event.deltaY * 16 : event.deltaY;
+  zoomAt(view, event.clientX - rect.left, event.clientY - rect.top, Math.exp(-delta * 0.0015));
+}
+
+function panHandlers(view) {
+  let start = null;
+  const down = (event) => {
+    view.dragged = false;
+    if (event.button !== 0 || !view.g) return;
+    start = { x: event.clientX, y: event.clientY, tx: view.tx, ty: view.ty, id: event.pointerId };
+  };
+  const move = (event) => {
+    if (!start) return;
+    const dx = event.clientX - start.x;
+    const dy = event.clientY - start.y;
+    if (!view.dragged && Math.hypot(dx, dy) < DRAG_PX) return;
+    if (!view.dragged) view.svg.setPointerCapture(start.id); // late: a plain click keeps its target
+    view.dragged = true;
+    view.tx = start.tx + dx;
+    view.ty = start.ty + dy;
+    apply(view);
+  };
+  const up = () => {
+    start = null;
+  };
+  return { down, move, up };
+}
+
+// ---- finding, outlining and centring elements ---------------------------------------------------
+
+// The element's bounding box in the viewport group's coordinates (before its transform).
+function boxOf(view, element) {
+  const b = element.getBBox();
+  const m = view.g.getCTM().inverse().multiply(element.getCTM());
+  const corners = [
+    [b.x, b.y],
+    [b.x + b.width, b.y],
+    [b.x, b.y + b.height],
+    [b.x + b.width, b.y + b.height],
+  ].map(([x, y]) => new DOMPoint(x, y).matrixTransform(m));
+  const xs = corners.map((p) => p.x);
+  const ys = corners.map((p) => p.y);
+  const x = Math.min(...xs);
+  const y = Math.min(...ys);
+  return { x, y, width: Math.max(...xs) - x, height: Math.max(...ys) - y };
+}
+
+function isVisible(view, box) {
+  const { cw, ch } = size(view);
+  const left = view.tx + view.k * box.x;
+  const top = view.ty + view.k * box.y;
+  return left >= 0 && top >= 0 && left + view.k * box.width <= cw && top + view.k * box.height <= ch;
+}
+
+function centre(view, box) {
+  const { cw, ch } = size(view);
+  view.tx = cw / 2 - view.k * (box.x + box.width / 2);
+  view.ty = ch / 2 - view.k * (box.y + box.height / 2);
+  apply(view);
+}
+
+function outline(view, box, className) {
+  const rect = make("rect", `qviz-outline ${className}`, view.overlay, SVG_NS);
+  rect.setAttribute("x", box.x - PAD);
+  rect.setAttribute("y", box.y - PAD);
+  rect.setAttribute("width", box.width + 2 * PAD);
+  rect.setAttribute("height", box.height + 2 * PAD);
+  rect.setAttribute("rx", PAD);
+  return rect;
+}
+
+function clearMarks(view, className) {
+  if (!view.g) return;
+  for (const old of view.overlay.querySelectorAll(`.${className}-outline`)) old.remove();
+  for (const old of view.g.querySelectorAll(`.${className}`)) old.classList.remove(className);
+}
+
+function groups(view, kind) {
+  return view.g ? [...view.g.querySelectorAll(`g.${kind}`)] : [];
+}
+
+// The element `selected` names: the one just clicked, else a node, an edge ("a -> b"), the
+// observer marker standing for that plan tensor, a collapsed module box or a module cluster.
+function findSelected(view, model, name) {
+  if (!name || !view.g) return null;
+  if (view.clicked && view.clicked.name === name && view.g.contains(view.clicked.element)) {
+    return view.clicked.element;
+  }
+  const byTitle = (kind, title) => groups(view, kind).find((g) => titleOf(g) === title);
+  const refs = model.get("_marker_refs") || {};
+  const marker = Object.keys(refs).find((m) => refs[m].includes(name));
+  const path = name.replace(/^module\//, ""); // an expanded module box is now its cluster
+  return (
+    byTitle("node", name) ||
+    byTitle("edge", name.replace(/\s*->\s*/, "->")) ||
+    (marker && byTitle("node", marker)) ||
+    byTitle("node", `module/${path}`) ||
+    byTitle("cluster", `cluster_${path}`) ||
+    null
+  );
+}
+
+function showSelected(view, model) {
+  clearMarks(view, "qviz-selected");
+  const element = findSelected(view, model, model.get("selected"));
+  if (!element || !view.fitted) return;
+  element.classList.add("qviz-selected");
+  const box = boxOf(view, element);
+  outline(view, box, "qviz-selected-outline");
+  if (!isVisible(view, box)) centre(view, box);
+}
+
+function matches(view, query) {
+  const q = query.trim().toLowerCase();
+  if (!q) return [];
+  return groups(view, "node").filter((g) => {
+    const title = titleOf(g);
+    if (title === "legend") return false;
+    const text = [...g.querySelectorAll("text")].map((t) => t.textContent).join(" ");
+    const name = title.startsWith("obs/") ? "" : title; // a marker matches by its label
+    return name.toLowerCase().includes(q) || text.toLowerCase().includes(q);
+  });
+}
+
+function showSearch(view, ui, query, advance) {
+  clearMarks(view, "qviz-match");
+  const found = view.fitted ? matches(view, query) : [];
+  ui.count.textContent = query.trim() ? `${found.length} match${found.length === 1 ? "" : "es"}` : "";
+  if (!found.length) return;
+  for (const g of found) {
+    g.classList.add("qviz-match");
+    outline(view, boxOf(view, g), "qviz-match-outline");
+  }
+  view.matchIndex = advance ? (view.matchIndex + 1) % found.length : 0;
+  centre(view, boxOf(view, found[view.matchIndex]));
+}
+
+// ---- clicks -----------------------------------------------------------------------------------
+
+// What a click on `group` sets: {selected, module} (either may be absent).
+function clickResult(group, refs) {
+  const title = titleOf(group);
+  const kind = kindOf(group);
+  if (kind === "cluster") return { module: title.replace(/^cluster_/, "") };
+  if (kind === "edge") {
+    const at = title.indexOf("->");
+    return { selected: at < 0 ? title : `${title.slice(0, at)} -> ${title.slice(at + 2)}` };
+  }
+  if (title === "legend") return {};
+  if (title.startsWith("module/")) return { selected: title, module: title.slice(7) };
+  return { selected: refs[title] && refs[title].length ? refs[title][0] : title };
+}
+
+function onClick(view, model, event) {
+  if (view.dragged || !view.g) return;
+  const group = event.target.closest(CLICKABLE);
+  if (!group || !view.g.contains(group)) return;
+  const { selected, module } = clickResult(group, model.get("_marker_refs") || {});
+  if (selected !== undefined) {
+    view.clicked = { name: selected, element: group };
+    model.set("selected", selected);
+  }
+  if (module !== undefined) {
+    const n = ((model.get("module_click") || {}).n || 0) + 1;
+    model.set("module_click", { path: module, n });
+  }
+  model.save_changes();
+}
+
+// ---- the widget -------------------------------------------------------------------------------
+
+function render({ model, el }) {
+  const ui = buildChrome(el);
+  const view = { viewport: ui.viewport, k: 1, tx: 0, ty: 0, fitted: false, matchIndex: 0 };
+  const refresh = () => {
+    showSelected(view, model);
+    showSearch(view, ui, model.get("search"), false);
+  };
+  const ensureFitted = () => {
+    if (!view.fitted && fit(view)) refresh();
+  };
+  const draw = () => {
+    placeSvg(view, model.get("svg"));
+    ensureFitted();
+  };
+  const onHeight = () => {
+    ui.viewport.style.height = model.get("height") || "480px";
+  };
+  const onSearch = () => {
+    if (ui.input.value !== model.get("search")) ui.input.value = model.get("search");
+    showSearch(view, ui, model.get("search"), false);
+  };
+  const onSelected = () => showSelected(view, model);
+
+  ui.input.value = model.get("search");
+  ui.input.addEventListener("input", () => {
+    model.set("search", ui.input.value);
+    model.save_changes();
+  });
+  ui.input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") showSearch(view, ui, ui.input.value, true);
+  });
+  ui.zoomIn.addEventListener("click", () => zoomCentre(view, ZOOM_STEP));
+  ui.zoomOut.addEventListener("click", () => zoomCentre(view, 1 / ZOOM_STEP));
+  ui.reset.addEventListener("click", () => fit(view));
+  const pan = panHandlers(view);
+  ui.viewport.addEventListener("pointerdown", pan.down);
+  ui.viewport.addEventListener("pointermove", pan.move);
+  ui.viewport.addEventListener("pointerup", pan.up);
+  ui.viewport.addEventListener("pointercancel", pan.up);
+  ui.viewport.addEventListener("wheel", (event) => onWheel(view, event), { passive: false });
+  ui.viewport.addEventListener("click", (event) => onClick(view, model, event));
+  const resize = new ResizeObserver(ensureFitted); // the view may render before it is attached
+  resize.observe(ui.viewport);
+
+  const listeners = { "change:svg": draw, "change:selected": onSelected, "change:search": onSearch, "change:height": onHeight };
+  for (const [name, callback] of Object.entries(listeners)) model.on(name, callback);
+  onHeight();
+  draw();
+  return () => {
+    resize.disconnect();
+    for (const [name, callback] of Object.entries(listeners)) model.off(name, callback);
+  };
+}
+
+export default { render };

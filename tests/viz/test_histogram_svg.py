@@ -1,0 +1,40 @@
+"""The widgets' fast SVG histogram draws the same numbers as the matplotlib one."""
+
+import re
+
+import torch
+
+from qviz.engine.calib import HistogramCalibrator
+from qviz.viz import histogram
+from qviz.viz.histogram_svg import histogram_svg
+from qviz.viz.histograms import histogram_data
+
+
+def _calibrator():
+    calib = HistogramCalibrator(8)
+    calib.collect(torch.randn(20_000, generator=torch.Generator().manual_seed(0)) ** 3)
+    return calib
+
+
+def test_lines_sit_at_the_calibrators_amax():
+    calib = _calibrator()
+    data = histogram_data(calib)
+    svg = histogram_svg(data)
+    drawn = dict(re.findall(r'data-gid="method:(\w+)" data-x="([^"]+)"', svg))
+    for method in ("max", "percentile", "entropy", "mse"):
+        expected = float(calib.compute_amax(method, percentile=99.99))
+        assert float(drawn[method]) == float(f"{expected:.6g}"), method
+    assert [r["method"] for r in data.rows] == [r["method"] for r in histogram(calib).qviz_rows]
+
+
+def test_highlight_log_and_legend():
+    data = histogram_data(_calibrator(), methods=("max", "entropy"))
+    svg = histogram_svg(data, log=True, highlight="entropy", width=500, height=200)
+    assert svg.startswith('<svg xmlns="http://www.w3.org/2000/svg" width="500" height="200"')
+    widths = dict(
+        re.findall(
+            r'stroke-width="([\d.]+)" stroke-dasharray="[\d,]+" data-gid="method:(\w+)"', svg
+        )
+    )
+    assert widths == {"1.6": "max", "3.2": "entropy"}
+    assert "max  amax=" in svg and svg.count('data-gid="observed"') == 1
