@@ -12,6 +12,7 @@ Example:
     (True, '')
 """
 
+from qviz.widgets.explorer import CalibrationExplorer
 from qviz.widgets.graph_widget import GraphWidget
 
-__all__ = ["GraphWidget"]
+__all__ = ["CalibrationExplorer", "GraphWidget"]

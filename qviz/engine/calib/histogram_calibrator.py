@@ -17,12 +17,14 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 
 from qviz.engine.calib.base import CalibMethod, Calibrator
 from qviz.engine.calib.pickers import entropy_amax, mse_amax, percentile_amax
+from qviz.engine.qparams import validate_num_bits
 from qviz.errors import ConfigError
 
 __all__ = ["HistogramCalibrator"]
@@ -195,6 +197,20 @@ class HistogramCalibrator(Calibrator):
         # A threshold above the largest |x| seen clips nothing more and only coarsens the grid.
         capped = torch.minimum(amax.to(self._device), self._calib_amax.to(torch.float64))
         return self._shape_amax(capped)
+
+    def with_num_bits(self, num_bits: int) -> HistogramCalibrator:
+        """A copy with the same statistics and another bit width: what would ``num_bits`` pick?
+
+        Example:
+            >>> calib = HistogramCalibrator(8)
+            >>> calib.collect(torch.randn(10_000, generator=torch.Generator().manual_seed(0)))
+            >>> four = calib.with_num_bits(4)
+            >>> four.num_bits, bool(four.compute_amax("mse") < calib.compute_amax("mse"))
+            (4, True)
+        """
+        other = copy.deepcopy(self)
+        other._num_bits = validate_num_bits(num_bits, unsigned=self._unsigned)
+        return other
 
     def histogram(self, channel: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Counts ``(num_bins,)`` int64 and bin edges ``(num_bins + 1,)`` of one channel, on CPU."""

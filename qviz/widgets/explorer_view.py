@@ -1,0 +1,138 @@
+"""The ipywidgets of :class:`~qviz.widgets.explorer.CalibrationExplorer`: built once, refreshed
+from its state after every change (the controls only call the explorer's Python methods).
+
+Example:
+    >>> label_of("observer_3", ["relu_2", "relu_2 -> max_pool2d"])
+    'observer_3: relu_2 (+1)'
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+__all__ = ["build_view", "label_of", "refresh_view"]
+
+_BIG_GRAPH = 150
+
+
+def label_of(observer: str, members: list[str]) -> str:
+    """Dropdown text: the observer and the first tensor it observes."""
+    more = f" (+{len(members) - 1})" if len(members) > 1 else ""
+    return f"{observer}: {members[0]}{more}" if members else observer
+
+
+def _options(explorer: Any) -> list[tuple[str, str]]:
+    groups = {g.observer: g for g in explorer.model.plan.groups}
+    return [
+        (label_of(name, [str(m) for m in groups[name].members]), name)
+        for name in explorer.observers
+    ]
+
+
+def build_view(explorer: Any, with_graph: bool) -> None:
+    """Create the controls and wire each to the explorer's Python equivalent."""
+    import ipywidgets as w
+
+    from qviz.widgets.explorer import METHODS
+
+    st = explorer.state
+    explorer._observer = w.Dropdown(
+        options=_options(explorer), value=st.observer, description="observer"
+    )
+    explorer._method = w.ToggleButtons(options=list(METHODS), value=st.method, description="method")
+    explorer._percentile = w.FloatSlider(
+        value=st.percentile, min=99.0, max=100.0, step=0.001, readout_format=".3f",
+        description="percentile", continuous_update=False,
+    )  # fmt: skip
+    explorer._bits = w.IntSlider(
+        value=st.num_bits, min=2, max=16, description="num_bits", continuous_update=False
+    )
+    explorer._log = w.Checkbox(value=st.log, description="log counts")
+    explorer._histogram = w.HTML()
+    explorer._table = w.HTML()
+    explorer._status = w.HTML()
+    use = w.Button(description="Use this range", button_style="primary")
+    everywhere = w.Button(description="Apply to all")
+    use.on_click(lambda _: explorer.use_range())
+    everywhere.on_click(lambda _: explorer.apply_to_all())
+    _wire(explorer)
+    panel = w.VBox(
+        [
+            explorer._observer,
+            explorer._method,
+            w.HBox([explorer._percentile, explorer._bits, explorer._log]),
+            explorer._histogram,
+            explorer._table,
+            w.HBox([use, everywhere]),
+            explorer._status,
+        ]
+    )
+    explorer._graph = _graph(explorer) if with_graph else None
+    parts = [explorer._graph, panel] if explorer._graph is not None else [panel]
+    explorer.widget = w.HBox(parts)
+
+
+def _wire(explorer: Any) -> None:
+    def on(control: Any, action: Any) -> None:
+        def handler(change: dict[str, Any]) -> None:
+            if not explorer._syncing:
+                action(change["new"])
+
+        control.observe(handler, "value")
+
+    on(explorer._observer, explorer.select)
+    on(explorer._method, lambda v: explorer.set(method=v))
+    on(explorer._percentile, lambda v: explorer.set(percentile=v))
+    on(explorer._bits, lambda v: explorer.set(num_bits=v))
+    on(explorer._log, lambda v: explorer.set(log=v))
+
+
+def _graph(explorer: Any) -> Any:
+    from qviz.viz import graph
+    from qviz.widgets.graph_widget import GraphWidget
+
+    drawn = graph(explorer.model)
+    if len(drawn) > _BIG_GRAPH:
+        drawn = graph(explorer.model, collapse=2)
+    widget = GraphWidget().show(drawn)
+    widget.layout.width = "45%"
+
+    def on_select(change: dict[str, Any]) -> None:
+        name = change["new"]
+        if name and not name.startswith("module/"):
+            explorer.select(name)
+
+    widget.observe(on_select, "selected")
+    return widget
+
+
+def refresh_view(explorer: Any) -> None:
+    """Show the explorer's state: controls, histogram, table, status."""
+    from qviz.widgets.explorer import histogram_of, table_html
+
+    st = explorer.state
+    explorer._syncing = True
+    try:
+        explorer._observer.value = st.observer
+        explorer._method.value = st.method
+        explorer._percentile.value = st.percentile
+        explorer._bits.value = st.num_bits
+        explorer._log.value = st.log
+    finally:
+        explorer._syncing = False
+    explorer._percentile.disabled = st.method != "percentile"
+    explorer._histogram.value = histogram_of(explorer)
+    chosen = explorer.choices.get(st.observer)
+    explorer._table.value = table_html(explorer.rows, st.method, chosen)
+    explorer._status.value = _status(explorer, chosen)
+
+
+def _status(explorer: Any, chosen: str | None) -> str:
+    if explorer.error:
+        return f'<div style="color:#b00020">⚠ {html.escape(explorer.error)}</div>'
+    note = explorer._data().note
+    parts = [f"user choice: <b>{html.escape(chosen)}</b>" if chosen else "no user choice yet"]
+    if note:
+        parts.append(html.escape(note))
+    return f'<div style="color:#555">{" · ".join(parts)}</div>'

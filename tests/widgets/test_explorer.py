@@ -1,0 +1,118 @@
+"""CalibrationExplorer without a kernel: drive the Python equivalents and the controls."""
+
+import re
+
+import pytest
+import torch
+
+import qviz
+from qviz.data import digits_loaders, digits_model
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.widgets import CalibrationExplorer
+
+
+def _prepared(switchable=True):
+    calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
+    gm = qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
+    config = get_symmetric_quantization_config(is_per_channel=True, switchable=switchable)
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    return qviz.calibrate(prepared, calib, progress=False)
+
+
+@pytest.fixture
+def explorer():
+    return CalibrationExplorer(_prepared())
+
+
+def _line_x(svg, method):
+    return float(re.search(rf'data-gid="method:{method}" data-x="([^"]+)"', svg).group(1))
+
+
+def test_opens_on_the_first_histogram_observer(explorer):
+    assert len(explorer.observers) == 8 and explorer.state.observer == explorer.observers[0]
+    assert explorer.state.method == "l2" and explorer.state.num_bits == 8
+    assert [r["method"] for r in explorer.rows] == ["max", "percentile", "entropy", "mse", "l2"]
+    assert explorer._graph is not None and explorer._graph.svg.startswith("<svg")
+
+
+def test_select_by_tensor_and_lines_match_the_calibrator(explorer):
+    explorer.select("relu_2")
+    group = explorer.model.plan.group_of("relu_2")
+    assert explorer.state.observer == group.observer
+    calib = explorer.model.get_submodule(group.observer).calibrator
+    for method in ("max", "entropy", "mse"):
+        expected = float(calib.compute_amax(method))
+        assert _line_x(explorer.svg, method) == pytest.approx(expected, rel=1e-5), method
+
+
+def test_percentile_slider_moves_the_percentile_range(explorer):
+    explorer.select("relu_2").set(method="percentile", percentile=99.0)
+    low = next(r for r in explorer.rows if r["method"] == "percentile")["high"]
+    explorer.set(percentile=99.999)
+    high = next(r for r in explorer.rows if r["method"] == "percentile")["high"]
+    assert high > low
+    assert "font-weight:bold" in explorer._table.value  # the considered row is highlighted
+
+
+def test_fewer_bits_pick_coarser_grids(explorer):
+    eight = {r["method"]: r["scale"] for r in explorer.rows}
+    four = {r["method"]: r["scale"] for r in explorer.set(num_bits=4).rows}
+    assert all(four[m] > eight[m] for m in ("max", "entropy", "mse"))
+
+
+def test_use_this_range_reaches_the_plan_and_convert(explorer):
+    explorer.select("relu_2").set(method="entropy")
+    obs = explorer.model.get_submodule(explorer.state.observer)
+    expected = obs.calculate_qparams(method="entropy")
+    record = explorer.use_range()
+    assert record.choice == "entropy" and explorer.choices == {explorer.state.observer: "entropy"}
+    assert "★" in explorer._table.value
+    qp = qviz.convert_pt2e(explorer.model).plan.group_of("relu_2").qparams
+    assert (qp.scale, qp.zero_point) == (float(expected[0]), int(expected[1]))
+
+
+def test_apply_to_all(explorer):
+    explorer.set(method="mse")
+    records = explorer.apply_to_all()
+    assert len(records) == 8 and set(explorer.choices.values()) == {"mse"}
+
+
+def test_refusals_keep_the_state_and_say_why(explorer):
+    before = explorer.state
+    explorer.set(method="median")
+    assert explorer.state == before and "method 'median'" in explorer.error
+    assert "⚠" in explorer._status.value
+    explorer.set(num_bits=4)
+    assert explorer.use_range() is None and "only explores" in explorer.error
+    assert explorer.choices == {}
+    explorer.select("observer_1")  # a weight's PerChannelMinMaxObserver
+    assert "only HistogramObservers" in explorer.error or "neither" in explorer.error
+    explorer.set(num_bits=8)
+    assert explorer.error is None
+
+
+def test_controls_call_the_python_equivalents(explorer):
+    explorer._method.value = "mse"
+    assert explorer.state.method == "mse"
+    explorer._observer.value = explorer.observers[3]
+    assert explorer.state.observer == explorer.observers[3]
+    explorer._graph.selected = "relu_2"  # a click on the graph
+    assert explorer.state.observer == explorer.model.plan.group_of("relu_2").observer
+    explorer._method.value = "entropy"
+    explorer.widget.children[-1].children[5].children[0].click()  # "Use this range"
+    assert explorer.choices == {explorer.state.observer: "entropy"}
+
+
+def test_observers_without_switchable_statistics_show_their_own_method():
+    ex = CalibrationExplorer(_prepared(switchable=False), graph=False)
+    assert [r["method"] for r in ex.rows] == ["l2"]
+    assert "switchable=True" in ex._status.value
+    ex.set(method="entropy")
+    assert ex.use_range() is None and "switchable=True" in ex.error
+
+
+def test_rejects_models_without_histograms():
+    from qviz.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="prepare_pt2e"):
+        CalibrationExplorer(torch.nn.ReLU())
