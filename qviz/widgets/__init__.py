@@ -12,7 +12,8 @@ Example:
     (True, '')
 """
 
+from qviz.widgets.editor import AnnotationEditor
 from qviz.widgets.explorer import CalibrationExplorer
 from qviz.widgets.graph_widget import GraphWidget
 
-__all__ = ["CalibrationExplorer", "GraphWidget"]
+__all__ = ["AnnotationEditor", "CalibrationExplorer", "GraphWidget"]

@@ -16,10 +16,14 @@ Example:
 
 from qviz.engine.quantizer import ComposableQuantizer, Quantizer
 from qviz.engine.quantizers.config import get_symmetric_quantization_config
+from qviz.engine.quantizers.fallback import FallbackQuantizer
+from qviz.engine.quantizers.override import OverrideQuantizer
 from qviz.engine.quantizers.xnnpack import XNNPACKQuantizer
 
 __all__ = [
     "ComposableQuantizer",
+    "FallbackQuantizer",
+    "OverrideQuantizer",
     "Quantizer",
     "XNNPACKQuantizer",
     "get_symmetric_quantization_config",

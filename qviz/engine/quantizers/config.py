@@ -28,7 +28,7 @@ from qviz.engine.observers import (
 from qviz.engine.specs import QuantizationConfig, QuantizationSpec
 from qviz.errors import ConfigError
 
-__all__ = ["check_config", "get_symmetric_quantization_config"]
+__all__ = ["check_config", "config_code", "get_symmetric_quantization_config"]
 
 #: Smallest scale the observers return (as torchao's XNNPACK config).
 _EPS = 2**-12
@@ -116,7 +116,37 @@ def get_symmetric_quantization_config(
         is_dynamic=False,
     )
     output = None if is_dynamic else activation
-    return QuantizationConfig(activation, output, weight, None, is_qat)
+    config = QuantizationConfig(activation, output, weight, None, is_qat)
+    given = {
+        "is_per_channel": (is_per_channel, False),
+        "is_dynamic": (is_dynamic, False),
+        "act_qmin": (act_qmin, -128),
+        "act_qmax": (act_qmax, 127),
+        "weight_qmin": (weight_qmin, -127),
+        "weight_qmax": (weight_qmax, 127),
+        "switchable": (switchable, False),
+    }
+    args = ", ".join(f"{k}={v!r}" for k, (v, default) in given.items() if v != default)
+    _ORIGINS[id(config)] = f"get_symmetric_quantization_config({args})"
+    return config
+
+
+#: ``id(config) -> the call that made it``; the lru_cache keeps those configs alive.
+_ORIGINS: dict[int, str] = {}
+
+
+def config_code(config: QuantizationConfig | None) -> str | None:
+    """The Python expression that builds ``config``, when it came from this module (else None).
+
+    Example:
+        >>> config_code(get_symmetric_quantization_config(is_per_channel=True))
+        'get_symmetric_quantization_config(is_per_channel=True)'
+        >>> config_code(None)
+        'None'
+    """
+    if config is None:
+        return "None"
+    return _ORIGINS.get(id(config))
 
 
 def _check_spec(spec: Any, role: str, where: str, schemes: tuple) -> None:

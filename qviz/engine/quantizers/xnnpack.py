@@ -53,7 +53,11 @@ from qviz.engine.quantizers.annotators import (
     STATIC_ANNOTATORS,
     propagate_shared,
 )
-from qviz.engine.quantizers.config import check_config, get_symmetric_quantization_config
+from qviz.engine.quantizers.config import (
+    check_config,
+    config_code,
+    get_symmetric_quantization_config,
+)
 from qviz.engine.quantizers.scope import (
     AtenOp,
     OperatorLike,
@@ -193,6 +197,30 @@ class XNNPACKQuantizer(Quantizer):
         if isinstance(object_type, type):
             return self.set_module_type(object_type, quantization_config)
         return self.set_operator_type(object_type, quantization_config)
+
+    def to_code(self) -> str | None:
+        """The Python expression that builds this quantizer, or None if a config is not one of
+        :func:`get_symmetric_quantization_config`'s (or a setting names a type or operator).
+
+        Example:
+            >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+            >>> print(q.set_module_name("fc", None).to_code())
+            XNNPACKQuantizer().set_global(get_symmetric_quantization_config()).set_module_name('fc', None)
+        """  # noqa: E501
+        if self.module_type_config or self.operator_type_config:
+            return None
+        parts = ["XNNPACKQuantizer()"]
+        if self.global_config is not None:
+            code = config_code(self.global_config)
+            if code is None:
+                return None
+            parts.append(f".set_global({code})")
+        for name, config in self.module_name_config.items():
+            code = config_code(config)
+            if code is None:
+                return None
+            parts.append(f".set_module_name({name!r}, {code})")
+        return "".join(parts)
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         """Turn scalar operands of add/mul into tensor constants so they can be quantized.

@@ -1,0 +1,120 @@
+"""AnnotationEditor without a kernel: the Python equivalents, the controls, the graph clicks."""
+
+import json
+
+import pytest
+import torch
+
+import qviz
+from qviz.data import digits_model
+from qviz.widgets import AnnotationEditor
+
+
+@pytest.fixture(scope="module")
+def gm():
+    return qviz.export(digits_model(), (torch.randn(4, 1, 8, 8),), dynamic_batch=True)
+
+
+@pytest.fixture
+def editor(gm):
+    return AnnotationEditor(gm)
+
+
+def test_select_shows_the_annotation_from_the_plan(editor):
+    info = editor.select("add").describe()
+    assert info["kind"] == "node" and info["module"] == "block"
+    assert [r["tensor"] for r in info["rows"]] == ["relu -> add", "conv2d_2 -> add"]
+    assert all(r["dtype"] == "int8" and r["range"] == "[-128, 127]" for r in info["rows"])
+    assert "relu -&gt; add" in editor._panel.value
+    assert editor._controls["target"].options[:3] == ("add", "relu -> add", "conv2d_2 -> add")
+    assert editor._graph.selected == "add"  # the graph outlines what the panel shows
+
+
+def test_sharing_edit_changes_the_groups_and_the_drawing(editor):
+    svg_before, groups_before = editor._graph.svg, len(editor.plan.groups)
+    editor.edit("conv2d_2 -> add", share_with="relu -> add")
+    plan = editor.plan
+    assert plan.group_of("conv2d_2", "add").group == plan.group_of("relu", "add").group
+    assert len(plan.groups) == groups_before - 1
+    assert editor._graph.svg != svg_before and editor.error is None
+    assert editor.overrides == {"conv2d_2 -> add": {"share_with": "relu -> add"}}
+
+
+def test_refused_edits_keep_everything_and_say_why(editor):
+    editor.edit("relu", dtype="uint8")
+    plan, svg = str(editor.plan), editor._graph.svg
+    editor.edit("relu", quant_min=-5)
+    assert "does not fit torch.uint8" in editor.error and "⚠" in editor._panel.value
+    assert editor.overrides == {"relu": {"dtype": "uint8"}}
+    assert str(editor.plan) == plan and editor._graph.svg == svg
+    editor.edit("conv2d_9", dtype="uint8")
+    assert "names no node" in editor.error and "closest" in editor.error
+    editor.edit("relu -> add", share_with="relu -> add")  # a sharing cycle
+    assert "relu -> add" in editor.error and editor.overrides == {"relu": {"dtype": "uint8"}}
+    editor.select("no_such_node")
+    assert "is not a node, edge" in editor.error
+
+
+def test_undo_redo(editor):
+    editor.edit("relu", dtype="uint8").edit("linear", quantize=False)
+    assert editor.undo().overrides == {"relu": {"dtype": "uint8"}}
+    assert "linear" not in [f.node for f in editor.plan.float_nodes]
+    assert editor.redo().overrides["linear"] == {"quantize": False}
+    assert [(f.node, f.reason.value) for f in editor.plan.float_nodes] == [
+        ("linear", "user fallback")
+    ]
+    editor.undo().undo()
+    assert editor.overrides == {} and editor._buttons["Undo"].disabled
+    assert editor.undo().overrides == {}  # nothing more to undo
+
+
+def test_the_quantizer_and_the_code_reproduce_the_edits(editor, gm):
+    editor.edit("block", dtype="uint8").edit(
+        "conv1_0_weight -> conv2d_3", qscheme="per_tensor_symmetric"
+    )
+    assert json.loads(json.dumps(editor.overrides)) == editor.overrides
+    again = qviz.prepare_pt2e(gm, editor.quantizer)
+    assert str(again.plan) == str(editor.plan) == str(editor.prepare().plan)
+    namespace = {"exported": gm}
+    exec(editor.to_code(), namespace)  # the code the user copies into a notebook
+    assert str(namespace["prepared"].plan) == str(editor.plan)
+    assert "get_symmetric_quantization_config(is_per_channel=True)" in editor.to_code()
+
+
+def test_controls_and_graph_clicks_drive_the_editor(editor):
+    editor._graph.selected = "relu_3"  # a click in the graph
+    assert editor.selection == "relu_3"
+    c = editor._controls
+    c["dtype"].value = "int4 (int8 storage, -8..7)"
+    c["method"].value = "entropy"
+    editor._buttons["Apply"].click()
+    assert editor.overrides == {
+        "relu_3": {"dtype": "int8", "quant_min": -8, "quant_max": 7, "method": "entropy"}
+    }
+    spec = editor.plan.group_of("relu_3").spec
+    assert (spec.quant_min, spec.quant_max) == (-8, 7)
+    assert c["dtype"].value == "(keep)"  # the controls reset after a successful apply
+    editor._graph.module_click = {"path": "block", "n": 1}  # a click on a module cluster
+    assert editor.collapsed == ["block"] and "module/block" in editor._graph.svg
+    editor._graph.module_click = {"path": "block", "n": 2}
+    assert editor.collapsed == [] and "module/block" not in editor._graph.svg
+
+
+def test_the_float_model_is_never_changed(editor, gm):
+    before = str(gm.graph)
+    editor.edit("relu", dtype="uint8").edit("relu_1", quantize=False)
+    assert str(gm.graph) == before
+    assert not any("quantization_annotation" in n.meta for n in gm.graph.nodes)
+
+
+def test_big_models_open_collapsed():
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval()
+    big = qviz.export(model, (torch.randn(1, 3, 32, 32),))
+    editor = AnnotationEditor(big)
+    assert {"layer1", "layer2", "layer3", "layer4"} <= set(editor.collapsed)
+    assert "module/layer1" in editor._graph.svg
+    editor.toggle_module("layer1")
+    assert "layer1" not in editor.collapsed and "layer1.0" in editor.collapsed
