@@ -74,9 +74,12 @@ def _inside(path: str, prefix: str) -> bool:
 def rows_html(rows: list[dict[str, Any]]) -> str:
     """The tensors' rows as an HTML table."""
     cols = ("tensor", "dtype", "range", "qscheme", "ch_axis", "observer", "group", "how")
-    head = "".join(f"<th>{c}</th>" for c in cols)
+    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
+    head = "".join(f"<th {cell}>{c}</th>" for c in cols)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>"
+        "<tr>"
+        + "".join(f"<td {cell}>{html.escape(str(r.get(c, '')))}</td>" for c in cols)
+        + "</tr>"
         for r in rows
     )
     return (

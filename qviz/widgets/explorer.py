@@ -285,8 +285,9 @@ def _merge(parts: list[HistogramData]) -> HistogramData:
 
 def table_html(rows: list[dict[str, Any]], considered: str, chosen: str | None) -> str:
     """The methods table; the considered method's row highlighted, the user's choice starred."""
+    cell = 'style="padding:2px 10px;border-bottom:1px solid #ddd;text-align:right"'
     head = "".join(
-        f"<th>{h}</th>"
+        f"<th {cell}>{h}</th>"
         for h in ("method", "range [low, high]", "scale", "zero_point", "clipped", "SQNR dB")
     )
     body = []
@@ -294,12 +295,15 @@ def table_html(rows: list[dict[str, Any]], considered: str, chosen: str | None) 
         style = ' style="background:#fff3c4;font-weight:bold"' if r["method"] == considered else ""
         star = " ★" if chosen and chosen.split()[0] == r["method"] else ""
         own = " (observer's)" if r.get("current") else ""
-        body.append(
-            f"<tr{style}><td>{html.escape(r['method'])}{own}{star}</td>"
-            f"<td>[{r['low']:.4g}, {r['high']:.4g}]</td><td>{r['scale']:.4g}</td>"
-            f"<td>{r['zero_point']}</td><td>{r['clipped_fraction']:.3%}</td>"
-            f"<td>{r['sqnr_db']:.2f}</td></tr>"
+        values = (
+            f"{html.escape(r['method'])}{own}{star}",
+            f"[{r['low']:.4g}, {r['high']:.4g}]",
+            f"{r['scale']:.4g}",
+            str(r["zero_point"]),
+            f"{r['clipped_fraction']:.3%}",
+            f"{r['sqnr_db']:.2f}",
         )
+        body.append(f"<tr{style}>" + "".join(f"<td {cell}>{v}</td>" for v in values) + "</tr>")
     return (
         '<table class="qviz-calib" style="border-collapse:collapse;font-size:12px">'
         f"<tr>{head}</tr>{''.join(body)}</table>"

@@ -299,3 +299,65 @@ def screenshots(tmp_path: Path) -> Path:
     folder = Path(os.environ.get("QVIZ_SCREENSHOTS") or tmp_path / "screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+@dataclass
+class Voila:
+    """A running Voilà server rendering one notebook, and the browser context to open it."""
+
+    url: str
+    context: Any
+    blocked: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def _route(self, route: Any) -> None:
+        if urlsplit(route.request.url).hostname in _LOCAL_HOSTS:
+            route.continue_()
+        else:
+            self.blocked.append(route.request.url)
+            route.abort()
+
+
+@pytest.fixture
+def voila(browser_tools: None, chromium: Any, tmp_path: Path) -> Iterator[Any]:
+    """``serve(cells) -> Voila``: render a notebook of ``cells`` with Voilà on 127.0.0.1."""
+    import nbformat
+
+    procs: list[subprocess.Popen[bytes]] = []
+    contexts: list[Any] = []
+
+    def serve(cells: list[str]) -> Voila:
+        base = tmp_path / f"voila{len(procs)}"
+        root = base / "notebooks"
+        root.mkdir(parents=True)
+        env = _isolated_env(base)
+        nb = nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_code_cell(source) for source in cells],
+            metadata={"kernelspec": {"name": KERNEL_NAME, "display_name": "Python 3"}},
+        )
+        nbformat.write(nb, root / "app.ipynb")
+        port = _free_port()
+        command = [sys.executable, "-m", "voila", "app.ipynb", "--no-browser",
+                   "--Voila.ip=127.0.0.1", f"--port={port}"]  # fmt: skip
+        log = base / "voila.log"
+        with log.open("wb") as out:
+            procs.append(subprocess.Popen(command, env=env, cwd=root, stdout=out, stderr=out))
+        url = f"http://127.0.0.1:{port}"
+        _wait_for_server(procs[-1], f"{url}/voila/static/index.css", log)
+        context = chromium.new_context(viewport={"width": 1280, "height": 1000})
+        contexts.append(context)
+        session = Voila(url, context)
+        context.route("**/*", session._route)
+        return session
+
+    try:
+        yield serve
+    finally:
+        for context in contexts:
+            context.close()
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
