@@ -100,6 +100,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         timeout=CELL_TIMEOUT_S,
         kernel_name=KERNEL_NAME,
         resources={"metadata": {"path": str(path.parent)}},
+        store_widget_state=True,
     )
     failure = None
     try:
@@ -114,3 +115,19 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert probe == {"executable": sys.executable, "prefix": sys.prefix}, (
         f"the notebook ran in {probe}, not in the interpreter running the tests ({sys.executable})"
     )
+    _check_widget_state(nb)
+
+
+def _check_widget_state(nb: nbformat.NotebookNode) -> None:
+    """Every widget a cell displayed has its state saved in the notebook's metadata."""
+    shown = [
+        o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+        for cell in nb.cells
+        for o in cell.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
+    if not shown:
+        return
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    missing = [m for m in shown if m not in state]
+    assert not missing, f"widgets displayed without saved state: {missing}"

@@ -21,12 +21,14 @@ from qviz.numeric.calibration import (
     layer_tensors,
 )
 from qviz.numeric.compare import compare
+from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.numeric.metrics import clipped_fraction, sqnr
 from qviz.numeric.report import NumericReport
 from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 
 __all__ = [
     "CalibrationChoice",
+    "LayerDetail",
     "NumericReport",
     "calibration_choices",
     "clipped_fraction",
@@ -34,6 +36,7 @@ __all__ = [
     "compare_calibrators",
     "compare_configs",
     "fallback",
+    "layer_detail",
     "layer_tensors",
     "sensitivity",
     "sqnr",

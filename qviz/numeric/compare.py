@@ -59,10 +59,11 @@ from qviz.numeric.batches import batches_of, split_batch
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 
-__all__ = ["compare"]
+__all__ = ["compare", "float_graph_of", "output_probe", "qdq_ops"]
 
 
-def _qdq_ops() -> tuple[set[Any], set[Any]]:
+def qdq_ops() -> tuple[set[Any], set[Any]]:
+    """The quantize ops and the dequantize ops of converted graphs (quantized_decomposed)."""
     qd = quantized_decomposed()
     quantize = {qd.quantize_per_tensor.default, qd.quantize_per_channel.default}
     quantize |= {qd.quantize_per_tensor.tensor, qd.quantize_per_tensor.tensor2}
@@ -111,7 +112,7 @@ class _QuantRun(Interpreter):
         self.by_probe: dict[Node, list[_Row]] = {}
         for r in rows:
             self.by_probe.setdefault(r.probe, []).append(r)
-        self.quantize_ops, self.dequantize_ops = _qdq_ops()
+        self.quantize_ops, self.dequantize_ops = qdq_ops()
 
     def run_node(self, n: Node) -> Any:
         row = self.by_node.get(n)
@@ -179,8 +180,13 @@ def _chain_to(probe: Node, start: Node) -> list[Node]:
     return chain
 
 
-def _probe(n: Node, quantize_ops: set[Any], dequantize_ops: set[Any]) -> tuple[Node, Node | None]:
-    """The node after ``n``'s output quantize/dequantize (``n`` itself if none), and the q op."""
+def output_probe(
+    n: Node, quantize_ops: set[Any] | None = None, dequantize_ops: set[Any] | None = None
+) -> tuple[Node, Node | None]:
+    """The node after ``n``'s output quantize/dequantize (``n`` itself if none), and the q op:
+    the value the next operator sees, where the cumulative error is measured."""
+    if quantize_ops is None or dequantize_ops is None:
+        quantize_ops, dequantize_ops = qdq_ops()
     q = next((u for u in n.users if u.target in quantize_ops), None)
     if q is None:
         return n, None
@@ -202,7 +208,8 @@ def _plan_ops(model: GraphModule) -> list[str]:
     return list(names)
 
 
-def _float_graph(float_model: Any, example: tuple[Any, ...]) -> GraphModule:
+def float_graph_of(float_model: Any, example: tuple[Any, ...]) -> GraphModule:
+    """The float graph module with debug handles: as given, numbered on a copy, or exported."""
     if isinstance(float_model, GraphModule):
         has = any(handle(n) is not None for n in float_model.graph.nodes)
         return float_model if has else assign_handles(copy.deepcopy(float_model))
@@ -286,14 +293,14 @@ def _required(value: Any, node: Node) -> Any:
 
 
 def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
-    quantize_ops, dequantize_ops = _qdq_ops()
+    quantize_ops, dequantize_ops = qdq_ops()
     planned = set(_plan_ops(qgm))
     float_nodes = {handle(n): n for n in fgm.graph.nodes if handle(n) is not None}
     rows = []
     for n in qgm.graph.nodes:  # graph order
         if n.name not in planned or n.op != "call_function" or float_handle(n) is None:
             continue
-        probe, q = _probe(n, quantize_ops, dequantize_ops)
+        probe, q = output_probe(n, quantize_ops, dequantize_ops)
         row = _Row(n, float_handle(n), probe, q)
         _check_match(row, float_nodes)
         if q is not None and q.target == quantized_decomposed().quantize_per_tensor.default:
@@ -369,7 +376,7 @@ def compare(
     if first is None:
         raise ConfigError("compare needs at least one batch of data")
     inputs, _ = split_batch(first, n_inputs, 0)
-    fgm = _float_graph(float_model, inputs)
+    fgm = float_graph_of(float_model, inputs)
     rows = _rows(quantized_model, fgm)
     return _run(
         fgm, quantized_model, rows, _chain_first(first, batches), n_inputs, metric, progress
@@ -378,7 +385,7 @@ def compare(
 
 def _needed(rows: list[_Row]) -> set[int]:
     """Float handles to keep: each row's reference and the producers of its inputs."""
-    quantize_ops, dequantize_ops = _qdq_ops()
+    quantize_ops, dequantize_ops = qdq_ops()
     qdq = quantize_ops | dequantize_ops
     wanted = {r.ref for r in rows}
     for r in rows:

@@ -16,7 +16,7 @@ from typing import Any
 
 from qviz.errors import MissingDependencyError
 
-__all__ = ["sqnr_bars"]
+__all__ = ["detail_figure", "sqnr_bars"]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -62,4 +62,34 @@ def sqnr_bars(df: Any, *, top: int | None = None, title: str = "") -> Any:
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, frameon=False)
     if title:
         fig.suptitle(title, fontsize=9, x=0.01, ha="left")
+    return fig
+
+
+def detail_figure(detail: Any) -> Any:
+    """Float against quantized outputs (scatter, with the identity line) and the error histogram.
+
+    Example:
+        >>> import numpy as np
+        >>> from qviz.numeric.detail import LayerDetail
+        >>> x = np.linspace(-1, 1, 50, dtype=np.float32)
+        >>> d = LayerDetail("relu", 40.0, 50, x, x + 0.01, np.ones(3), np.linspace(0, 0.02, 4))
+        >>> [ax.get_xlabel() for ax in detail_figure(d).axes]
+        ['float output', 'quantized − float']
+    """
+    fig = _figure(figsize=(9, 3.4), layout="constrained")
+    scatter, hist = fig.subplots(1, 2)
+    f, q = detail.float_values, detail.quantized_values
+    scatter.scatter(f, q, s=4, alpha=0.35, color="tab:blue", linewidths=0, rasterized=True)
+    if len(f):
+        low, high = float(min(f.min(), q.min())), float(max(f.max(), q.max()))
+        scatter.plot([low, high], [low, high], color="0.4", linewidth=0.8, linestyle="--")
+    scatter.set_xlabel("float output")
+    scatter.set_ylabel("quantized output")
+    scatter.set_title(f"{detail.node}: {len(f)} of {detail.numel} values", fontsize=10)
+    hist.stairs(detail.error_counts, detail.error_edges, fill=True, color="tab:orange")
+    hist.set_xlabel("quantized − float")
+    hist.set_ylabel("values")
+    hist.set_title(f"error, SQNR {detail.sqnr:.2f} dB on the sample batch", fontsize=10)
+    if detail.in_float:
+        fig.suptitle("kept in float (fallback): the error is inherited from upstream", fontsize=10)
     return fig

@@ -12,8 +12,9 @@ Example:
     (True, '')
 """
 
+from qviz.widgets.dashboard import NumericDashboard
 from qviz.widgets.editor import AnnotationEditor
 from qviz.widgets.explorer import CalibrationExplorer
 from qviz.widgets.graph_widget import GraphWidget
 
-__all__ = ["AnnotationEditor", "CalibrationExplorer", "GraphWidget"]
+__all__ = ["AnnotationEditor", "CalibrationExplorer", "GraphWidget", "NumericDashboard"]

@@ -1,0 +1,435 @@
+"""``NumericDashboard``: find the layer, fix it, check, in one place.
+
+The numeric suite's per-layer table (:func:`qviz.numeric.compare`), sortable by local or
+cumulative SQNR, beside the quantized graph coloured as a heatmap by the chosen metric. Picking a
+layer (a row, or a node in the graph) shows its detail (:class:`LayerDetail`): its float against
+its quantized outputs on one sample batch, as a scatter and an error histogram. "Fallback" keeps
+the layer in float (:func:`qviz.numeric.fallback`): the model is prepared, calibrated and
+converted again from the float graph, compared again over the data (with a progress bar), and
+the run is added to the history, so the model's output SQNR and metric before and after stand
+side by side.
+
+The state is plain data (:class:`DashboardState`); every control has a Python equivalent
+(:meth:`NumericDashboard.select`, :meth:`~NumericDashboard.sort`,
+:meth:`~NumericDashboard.color_by`, :meth:`~NumericDashboard.toggle_fallback`, and the query
+:meth:`~NumericDashboard.detail`). An action qviz refuses leaves the previous state and shows the
+message in :attr:`~NumericDashboard.error`.
+
+Example:
+    >>> import torch, qviz
+    >>> from torch import nn
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> torch.manual_seed(0) and None
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    >>> data = [torch.randn(16, 4) for _ in range(2)]
+    >>> gm = qviz.export(model, (data[0],), dynamic_batch=True)
+    >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    >>> quantized = qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(gm, q), data,
+    ...                                              progress=False))
+    >>> d = NumericDashboard.from_models(gm, quantized, data, quantizer=q, progress=False,
+    ...                                  graph=False)
+    >>> [r["node"] for r in d.sort("graph").rows]
+    ['linear', 'relu', 'linear_1']
+    >>> d.toggle_fallback("linear_1").state.fallback
+    ('linear_1',)
+    >>> [run["fallback"] for run in d.history]
+    [[], ['linear_1']]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torch.fx import GraphModule
+
+from qviz.errors import ConfigError, QvizError
+from qviz.numeric.batches import batches_of, split_batch
+from qviz.numeric.compare import float_graph_of
+from qviz.numeric.detail import LayerDetail, layer_detail
+
+__all__ = [
+    "COLOR_COLUMNS",
+    "SORT_COLUMNS",
+    "DashboardState",
+    "NumericDashboard",
+    "Run",
+]
+
+#: What the table sorts by: graph order, or a report column, worst first.
+SORT_COLUMNS = (
+    "graph", "local_sqnr", "sqnr", "weight_sqnr", "cosine", "mse", "local_mse", "max_abs_err",
+    "clipped", "rmse_scale",
+)  # fmt: skip
+#: Columns where higher is better (sorted ascending to put the worst first).
+_HIGHER_IS_BETTER = frozenset({"local_sqnr", "sqnr", "weight_sqnr", "cosine"})
+#: What the graph can be coloured by: qviz.viz.graph draws low values red, so only columns
+#: where low is bad.
+COLOR_COLUMNS = ("local_sqnr", "sqnr", "weight_sqnr", "cosine")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One comparison of the model: which layers were in float, and the model's figures."""
+
+    fallback: tuple[str, ...]
+    output_sqnr: float
+    metric: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"fallback": [...], "output_sqnr": dB, "metric": value or None}``."""
+        return {"fallback": list(self.fallback), "output_sqnr": self.output_sqnr,
+                "metric": self.metric}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DashboardState:
+    """What the dashboard shows: sort order, chosen layer, layers in float, heatmap, runs."""
+
+    sort_by: str = "local_sqnr"
+    selected: str | None = None
+    fallback: tuple[str, ...] = ()
+    color_by: str = "local_sqnr"
+    history: tuple[Run, ...] = ()
+
+
+def _n_inputs(gm: GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+
+
+class NumericDashboard:
+    """The numeric report as a table beside a heatmap graph, layer details and fallbacks.
+
+    Prefer :meth:`from_models`, which runs the comparison and keeps what details and fallbacks
+    need. ``NumericDashboard(report)`` alone shows the table; with ``quantized_model`` the graph
+    too; with ``float_model`` and ``data`` layer details; with ``quantizer`` as well, fallbacks.
+
+    Args:
+        report: a :class:`~qviz.numeric.report.NumericReport` from :func:`qviz.numeric.compare`.
+        quantized_model: the model the report measured (from :func:`qviz.convert_pt2e`).
+        float_model: the float graph module it was prepared from (or the float nn.Module).
+        data: the evaluation batches the report was computed on (the first is the detail sample).
+        quantizer: the quantizer ``quantized_model`` was made with: enables fallbacks.
+        calibration_data: batches a fallback variant is calibrated on (default: ``data``); give
+            the ones ``quantized_model`` was calibrated on, so runs differ only by the fallback.
+        metric: ``metric(float_out, quant_out, target) -> float`` for each re-run, as in compare.
+        graph: show the graph (needs ``quantized_model`` and graphviz's ``dot``).
+
+    Attributes:
+        state: the current :class:`DashboardState`.
+        report: the report of the current run (with the current fallbacks).
+        quantized_model: the model of the current run.
+        error: the last refused action's message, or None.
+        widget: the ipywidgets box (the dashboard also renders itself in Jupyter).
+
+    Raises:
+        ConfigError: ``report`` is not a NumericReport, or ``data`` is not batches.
+
+    Example:
+        >>> from qviz.numeric import NumericReport
+        >>> r = NumericReport.from_table([{"node": "a", "local_sqnr": 40.0, "sqnr": 39.0},
+        ...                                {"node": "b", "local_sqnr": 12.0, "sqnr": 11.0}],
+        ...                               output_sqnr=11.0)
+        >>> d = NumericDashboard(r)
+        >>> d.state.selected, [row["node"] for row in d.rows]   # worst local SQNR first
+        ('b', ['b', 'a'])
+        >>> d.toggle_fallback("b").error.split(":")[0], d.state.fallback
+        ('fallback needs the quantizer', ())
+    """
+
+    def __init__(
+        self,
+        report: Any,
+        *,
+        quantized_model: GraphModule | None = None,
+        float_model: Any = None,
+        data: Any = None,
+        quantizer: Any = None,
+        calibration_data: Any = None,
+        metric: Callable[[Any, Any, Any], float] | None = None,
+        graph: bool = True,
+    ) -> None:
+        df = getattr(report, "df", None)
+        if df is None or "node" not in getattr(df, "columns", ()):
+            raise ConfigError(
+                f"NumericDashboard needs a NumericReport from qviz.numeric.compare, got "
+                f"{type(report).__name__}; or use NumericDashboard.from_models(float, quantized, "
+                f"data)"
+            )
+        self.error: str | None = None
+        self.quantizer, self.metric = quantizer, metric
+        self._batches = list(batches_of(data, "NumericDashboard")) if data is not None else []
+        self._calibration = self._batches
+        if calibration_data is not None:
+            self._calibration = list(batches_of(calibration_data, "NumericDashboard"))
+        self._sample = self._sample_inputs(quantized_model)
+        self.float_model = (
+            float_graph_of(float_model, self._sample)
+            if float_model is not None and self._sample is not None
+            else None
+        )
+        self._base = report
+        self._runs: dict[tuple[str, ...], tuple[Any, Any]] = {(): (quantized_model, report)}
+        self._order = {str(n): i for i, n in enumerate(report.df["node"])}
+        self._details: dict[tuple, LayerDetail] = {}
+        self._on_batch: Callable[[int, int], None] | None = None
+        worst = report.worst(1)["node"].tolist() if len(report.df) else []
+        first = Run((), float(report.output_sqnr), report.metric)
+        self.state = DashboardState(selected=worst[0] if worst else None, history=(first,))
+        self._syncing = False
+        self._build(graph and quantized_model is not None)
+        self._refresh()
+
+    @classmethod
+    def from_models(
+        cls,
+        float_model: Any,
+        quantized_model: GraphModule,
+        data: Any,
+        *,
+        metric: Callable[[Any, Any, Any], float] | None = None,
+        quantizer: Any = None,
+        calibration_data: Any = None,
+        progress: bool = True,
+        graph: bool = True,
+    ) -> NumericDashboard:
+        """Compare ``quantized_model`` with ``float_model`` over ``data`` and show the dashboard.
+
+        Args:
+            float_model: the float graph module from :func:`qviz.export` that was quantized
+                (or the float nn.Module, exported here on the first batch).
+            quantized_model: the model from :func:`qviz.convert_pt2e`.
+            data: evaluation batches (tensors or ``(inputs..., target)``); kept in memory.
+            metric: ``metric(float_out, quant_out, target) -> float``, e.g. accuracy.
+            quantizer: the quantizer used, to enable "fallback" (without it: disabled).
+            calibration_data: batches to calibrate fallback variants on (default: ``data``).
+            progress: show a progress bar while comparing.
+            graph: show the heatmap graph.
+
+        Example:
+            >>> import torch, qviz
+            >>> from qviz.engine.quantizers import XNNPACKQuantizer
+            >>> from qviz.engine.quantizers import get_symmetric_quantization_config as cfg
+            >>> x = torch.randn(8, 4)
+            >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (x,))
+            >>> qm = qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(
+            ...     gm, XNNPACKQuantizer().set_global(cfg())), [x], progress=False))
+            >>> d = NumericDashboard.from_models(gm, qm, [x], progress=False, graph=False)
+            >>> d.detail("linear").numel
+            16
+        """
+        from qviz.numeric.compare import compare
+
+        if not isinstance(quantized_model, GraphModule):
+            raise ConfigError(
+                f"quantized_model must be the graph module qviz.convert_pt2e returned, got "
+                f"{type(quantized_model).__name__}"
+            )
+        batches = list(batches_of(data, "NumericDashboard.from_models"))
+        if not batches:
+            raise ConfigError("NumericDashboard.from_models needs at least one batch of data")
+        inputs, _ = split_batch(batches[0], _n_inputs(quantized_model), 0)
+        fgm = float_graph_of(float_model, inputs)
+        report = compare(fgm, quantized_model, batches, metric=metric, progress=progress)
+        return cls(
+            report, quantized_model=quantized_model, float_model=fgm, data=batches,
+            quantizer=quantizer, calibration_data=calibration_data, metric=metric, graph=graph,
+        )  # fmt: skip
+
+    # -- Python equivalents of the controls ----------------------------------------------------
+    def select(self, node: str) -> NumericDashboard:
+        """Show a layer: a node name of the table (``"conv2d_1"``)."""
+        return self._guard(lambda: self._select(node))
+
+    def sort(self, by: str) -> NumericDashboard:
+        """Sort the table: ``"graph"`` order or a column, worst first (see SORT_COLUMNS)."""
+        return self._guard(lambda: self._set(sort_by=_choice(by, SORT_COLUMNS, "sort by")))
+
+    def color_by(self, column: str) -> NumericDashboard:
+        """Colour the graph by a report column (see COLOR_COLUMNS; low is red)."""
+        return self._guard(lambda: self._set(color_by=_choice(column, COLOR_COLUMNS, "colour by")))
+
+    def toggle_fallback(self, node: str | None = None) -> NumericDashboard:
+        """Keep ``node`` (default: the selected layer) in float, or quantize it again.
+
+        The model is prepared from the float graph with :func:`qviz.numeric.fallback` for every
+        layer now in float, calibrated, converted and compared again; the run joins
+        :attr:`history`. A set of fallbacks seen before is not run again.
+        """
+        return self._guard(lambda: self._toggle(node))
+
+    def detail(self, node: str | None = None) -> LayerDetail:
+        """The float against quantized outputs of ``node`` (default: the selected layer).
+
+        Raises:
+            ConfigError: an unknown layer, or no float model and data to run (use from_models).
+        """
+        node = node if node is not None else self.state.selected
+        if node is None:
+            raise ConfigError("detail: no layer selected; pass a node name")
+        self._check_row(node)
+        if self.float_model is None or self.quantized_model is None or self._sample is None:
+            raise ConfigError(
+                "layer details need the models and data: use NumericDashboard.from_models("
+                "float_model, quantized_model, data)"
+            )
+        key = (self.state.fallback, node)
+        if key not in self._details:
+            self._details[key] = layer_detail(
+                self.float_model, self.quantized_model, node, self._sample
+            )
+        return self._details[key]
+
+    @property
+    def report(self) -> Any:
+        """The NumericReport of the current run."""
+        return self._runs[self.state.fallback][1]
+
+    @property
+    def quantized_model(self) -> GraphModule | None:
+        """The quantized model of the current run (None when not given)."""
+        return self._runs[self.state.fallback][0]
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Every run, first the one given: ``{"fallback": [...], "output_sqnr", "metric"}``."""
+        return [run.as_dict() for run in self.state.history]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The table in its sort order: the report's rows, plus one per layer in float."""
+        rows = [dict(r, fallback=False) for r in self.report.df.to_dict("records")]
+        base = {str(r["node"]): r for r in self._base.df.to_dict("records")}
+        for name in self.state.fallback:
+            rows.append(_float_row(base.get(name, {"node": name})))
+        return _sorted(rows, self.state.sort_by, self._order)
+
+    # -- state changes -------------------------------------------------------------------------
+    def _guard(self, action: Callable[[], None]) -> NumericDashboard:
+        before = self.state
+        try:
+            action()
+            self.error = None
+        except QvizError as exc:
+            self.state, self.error = before, str(exc)
+        self._refresh()
+        return self
+
+    def _set(self, **changes: Any) -> None:
+        self.state = dataclasses.replace(self.state, **changes)
+
+    def _nodes(self) -> list[str]:
+        return [*map(str, self.report.df["node"]), *self.state.fallback]
+
+    def _check_row(self, node: Any) -> None:
+        nodes = self._nodes()
+        if node not in nodes:
+            close = difflib.get_close_matches(str(node), nodes, n=3)
+            hint = f"; did you mean {close}?" if close else f"; the layers are {nodes[:12]}"
+            raise ConfigError(f"{node!r} is not a layer of the numeric report{hint}")
+
+    def _select(self, node: str) -> None:
+        self._check_row(node)
+        self._set(selected=node)
+
+    def _toggle(self, node: str | None) -> None:
+        node = node if node is not None else self.state.selected
+        if node is None:
+            raise ConfigError("toggle_fallback: no layer selected; pass a node name")
+        if self.quantizer is None:
+            raise ConfigError(
+                "fallback needs the quantizer: pass quantizer= (and the models and data) to "
+                "NumericDashboard.from_models"
+            )
+        if self.float_model is None or not self._batches:
+            raise ConfigError(
+                "fallback needs the float model and data: use NumericDashboard.from_models("
+                "float_model, quantized_model, data, quantizer=...)"
+            )
+        self._check_row(node)
+        fallen = tuple(sorted(set(self.state.fallback) ^ {node}))
+        if fallen not in self._runs:
+            self._runs[fallen] = self._run(fallen)
+        report = self._runs[fallen][1]
+        run = Run(fallen, float(report.output_sqnr), report.metric)
+        self._set(fallback=fallen, selected=node, history=(*self.state.history, run))
+
+    def _run(self, fallen: tuple[str, ...]) -> tuple[GraphModule, Any]:
+        import qviz
+        from qviz.numeric import compare, fallback
+
+        quantizer = fallback(self.quantizer, list(fallen)) if fallen else self.quantizer
+        total, done = len(self._calibration) + len(self._batches), [0]
+
+        def counted(batches: Iterable[Any]) -> Iterator[Any]:
+            for batch in batches:
+                yield batch
+                done[0] += 1
+                if self._on_batch is not None:
+                    self._on_batch(done[0], total)
+
+        prepared = qviz.prepare_pt2e(self.float_model, quantizer)
+        qviz.calibrate(prepared, counted(self._calibration), progress=False)
+        quantized = qviz.convert_pt2e(prepared)
+        batches = counted(self._batches)
+        report = compare(self.float_model, quantized, batches, metric=self.metric, progress=False)
+        return quantized, report
+
+    def _sample_inputs(self, quantized_model: Any) -> tuple[Any, ...] | None:
+        if not self._batches:
+            return None
+        n = _n_inputs(quantized_model) if isinstance(quantized_model, GraphModule) else 1
+        return split_batch(self._batches[0], n, 0)[0]
+
+    # -- view ----------------------------------------------------------------------------------
+    def _build(self, with_graph: bool) -> None:
+        from qviz.widgets.dashboard_view import build_view
+
+        build_view(self, with_graph)
+
+    def _refresh(self) -> None:
+        from qviz.widgets.dashboard_view import refresh_view
+
+        refresh_view(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        st = self.state
+        return (
+            f"NumericDashboard({len(self.report.df)} layers, selected={st.selected}, "
+            f"fallback={list(st.fallback)}, output SQNR {self.report.output_sqnr:.2f} dB)"
+        )
+
+
+def _choice(value: Any, options: tuple[str, ...], what: str) -> str:
+    if value not in options:
+        raise ConfigError(f"{what} {value!r}: choose one of {list(options)}")
+    return str(value)
+
+
+def _float_row(base: dict[str, Any]) -> dict[str, Any]:
+    keep = ("node", "op", "module", "handle")
+    row: dict[str, Any] = {k: (v if k in keep else math.nan) for k, v in base.items()}
+    return dict(row, fallback=True)
+
+
+def _sorted(rows: list[dict[str, Any]], by: str, order: dict[str, int]) -> list[dict[str, Any]]:
+    """Graph order, or worst first by a column; layers in float and NaN last."""
+    position = {id(r): order.get(str(r["node"]), len(order) + i) for i, r in enumerate(rows)}
+    rows = sorted(rows, key=lambda r: position[id(r)])
+    if by == "graph":
+        return rows
+    sign = 1.0 if by in _HIGHER_IS_BETTER else -1.0
+
+    def key(r: dict[str, Any]) -> tuple[int, float]:
+        v = r.get(by, math.nan)
+        v = float(v) if isinstance(v, int | float) else math.nan
+        return (1, 0.0) if math.isnan(v) else (0, sign * v)
+
+    return sorted(rows, key=key)  # stable: graph order among equals

@@ -1,0 +1,214 @@
+"""NumericDashboard without a kernel: find the broken layer, look at it, fall it back, check."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import qviz
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.errors import ConfigError
+from qviz.numeric import compare, sqnr
+from qviz.numeric.detail import layer_detail
+from qviz.widgets.dashboard import NumericDashboard
+
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs graphviz's dot")
+
+
+class ThreeConvs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.conv3(x))
+        return self.fc(x.mean((2, 3)))
+
+
+def agreement(float_out, quant_out, target):
+    """Share of samples where the quantized model picks the float model's class."""
+    return float((quant_out.argmax(1) == float_out.argmax(1)).float().mean())
+
+
+@pytest.fixture(scope="module")
+def broken():
+    """conv2 holds one huge weight (on a dead input channel): per-tensor weights ruin it."""
+    torch.manual_seed(0)
+    model = ThreeConvs().eval()
+    with torch.no_grad():
+        model.conv1.bias[0] = -100.0
+        model.conv2.weight[0, 0, 1, 1] = 200 * model.conv2.weight.abs().max()
+    data = [torch.randn(16, 3, 12, 12) for _ in range(3)]
+    gm = qviz.export(model, (data[0],), dynamic_batch=True)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), data, progress=False)
+    quantized = qviz.convert_pt2e(prepared)
+    report = compare(gm, quantized, data, metric=agreement, progress=False)
+    return gm, quantizer, data, quantized, report
+
+
+def _dashboard(broken, *, graph=False, quantizer=True):
+    gm, q, data, quantized, report = broken
+    return NumericDashboard(
+        report, quantized_model=quantized, float_model=gm, data=data,
+        quantizer=q if quantizer else None, metric=agreement, graph=graph,
+    )  # fmt: skip
+
+
+def test_opens_on_the_worst_layer_and_sorts_worst_first(broken):
+    dash = _dashboard(broken)
+    report = broken[-1]
+    assert dash.state.selected == "conv2d_1" and dash.error is None
+    assert dash.rows[0]["node"] == "conv2d_1"  # by local SQNR
+    assert [r["node"] for r in dash.sort("graph").rows] == report.df["node"].tolist()
+    cumulative = [r["sqnr"] for r in dash.sort("sqnr").rows]
+    assert cumulative == sorted(cumulative)  # low SQNR is bad: ascending
+    mse = [r["mse"] for r in dash.sort("mse").rows]
+    assert mse == sorted(mse, reverse=True)  # high MSE is bad: descending
+    assert dash._rows.options[0][1] == dash.rows[0]["node"]  # the control follows
+    assert "conv2d_1" in dash._rows.options[0][0]
+
+
+def test_errors_keep_the_state_and_say_why(broken):
+    dash = _dashboard(broken, quantizer=False)
+    before = dash.state
+    dash.select("conv2d_9")
+    assert dash.state == before and "not a layer" in dash.error and "conv2d_1" in dash.error
+    assert "⚠" in dash._status.value
+    dash.toggle_fallback()
+    assert dash.state == before and "pass quantizer=" in dash.error
+    dash.sort("speed")
+    assert dash.state == before and "choose one of" in dash.error
+    dash.color_by("mse")  # low MSE would be drawn red: not offered
+    assert dash.state == before and "colour by" in dash.error
+    dash.select("relu")
+    assert dash.error is None and dash.state.selected == "relu"
+    with pytest.raises(ConfigError, match="not a layer"):
+        dash.detail("nothing")
+
+
+def test_detail_shows_the_layer_outputs_the_report_measured(broken):
+    gm, _, data, quantized, _ = broken
+    one = compare(gm, quantized, data[:1], progress=False)  # the detail's sample batch
+    dash = _dashboard(broken)
+    for node, expected in zip(one.df["node"], one.df["sqnr"], strict=True):
+        detail = dash.detail(node)
+        assert detail.sqnr == pytest.approx(expected, abs=0.05), node
+    detail = dash.detail("conv2d_1")
+    assert detail.numel == 16 * 8 * 12 * 12 and len(detail.float_values) == 5000
+    # the points are float and quantized values of the same positions: their SQNR matches
+    assert sqnr(torch.from_numpy(detail.float_values), torch.from_numpy(detail.quantized_values)
+                ) == pytest.approx(detail.sqnr, abs=1.5)  # fmt: skip
+    assert detail.error_counts.sum() == detail.numel and len(detail.error_edges) == 61
+    fig = detail.plot()
+    scatter, hist = fig.axes
+    offsets = scatter.collections[0].get_offsets()
+    assert np.allclose(offsets[:, 0], detail.float_values)
+    assert np.allclose(offsets[:, 1], detail.quantized_values)
+    assert "SQNR" in hist.get_title() and dash._detail.value[:4] == b"\x89PNG"
+
+
+def test_fallback_restores_the_model_and_toggling_back_restores_the_plan(broken):
+    _, _, _, quantized, report = broken
+    dash = _dashboard(broken)
+    dash._fallback.value = True  # the button: falls back the selected layer, conv2d_1
+    assert dash.error is None and dash.state.fallback == ("conv2d_1",)
+    assert dash._progress.value == dash._progress.max == 6  # 3 calibration + 3 compare batches
+    first, after = dash.history
+    assert first == {"fallback": [], "output_sqnr": report.output_sqnr, "metric": report.metric}
+    assert after["fallback"] == ["conv2d_1"]
+    assert after["output_sqnr"] > first["output_sqnr"] + 20.0
+    assert after["metric"] >= first["metric"]
+    plan = dash.quantized_model.plan
+    assert [(f.node, f.reason.value) for f in plan.float_nodes] == [("conv2d_1", "user fallback")]
+    row = next(r for r in dash.rows if r["node"] == "conv2d_1")
+    assert row["fallback"] and math.isnan(row["local_sqnr"])
+    assert "in float" in dash._rows.options[-1][0]  # NaN rows last
+    assert "→" in dash._history.value and "conv2d_1" in dash._history.value
+    assert dash.detail("conv2d_1").in_float  # in float now: only inherited error left
+    dash.toggle_fallback("conv2d_1")
+    assert dash.state.fallback == () and dash.quantized_model is quantized
+    assert dash.report is report and len(dash.history) == 3
+    assert dash.history[-1]["output_sqnr"] == first["output_sqnr"]
+    assert dash._fallback.value is False
+
+
+def test_fallback_of_an_unknown_layer_keeps_the_state(broken):
+    dash = _dashboard(broken)
+    before = dash.state
+    dash.toggle_fallback("conv")
+    assert dash.state == before and "not a layer" in dash.error
+
+
+def test_report_alone_shows_the_table(broken):
+    report = broken[-1]
+    dash = NumericDashboard(report)
+    assert dash._graph is None and len(dash.rows) == len(report.df)
+    assert "from_models" in dash._detail_note.value
+    with pytest.raises(ConfigError, match="from_models"):
+        dash.detail()
+    dash.toggle_fallback()
+    assert "quantizer" in dash.error
+    with pytest.raises(ConfigError, match="NumericReport"):
+        NumericDashboard(report.df)
+
+
+@needs_dot
+def test_graph_heatmap_and_clicks_select_rows(broken):
+    dash = _dashboard(broken, graph=True)
+    svg = dash._graph.svg
+    assert svg.startswith("<svg") and "local_sqnr" in svg
+    assert dash._graph.selected == "conv2d_1"
+    dash._graph.selected = "relu_2"  # a click on a node
+    assert dash.state.selected == "relu_2" and dash._rows.value == "relu_2"
+    nodes = {n.name: n for n in dash.quantized_model.graph.nodes}
+    conv = nodes["conv2d_1"]
+    output_dq = next(iter(next(iter(nodes["relu"].users)).users))  # relu -> q -> dq
+    dash._graph.selected = output_dq.name  # a q/dq node stands for the operator it follows
+    assert dash.state.selected == "relu", output_dq.name
+    dash._graph.selected = conv.args[1].name  # the weight's dequantize: the conv it feeds
+    assert dash.state.selected == "conv2d_1" and dash.error is None
+    dash.select("relu")
+    dash._graph.selected = "relu -> conv2d_1"  # an edge: its consumer
+    assert dash.state.selected == "conv2d_1"
+    dash._color.value = "sqnr"
+    assert dash.state.color_by == "sqnr" and dash._graph.svg != svg
+    dash._rows.value = "linear"  # a click on a row
+    assert dash.state.selected == "linear" and dash._graph.selected == "linear"
+
+
+def test_from_models_on_the_digits_model():
+    from qviz.data import digits_loaders, digits_model
+
+    images, labels = next(iter(digits_loaders(batch_size=64).test))
+    data = [(images, labels)]
+    gm = qviz.export(digits_model(), (images,), dynamic_batch=True)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    quantized = qviz.convert_pt2e(
+        qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), [images], progress=False)
+    )
+
+    def accuracy(float_out, quant_out, target):
+        return float((quant_out.argmax(1) == target).float().mean())
+
+    dash = NumericDashboard.from_models(
+        digits_model(), quantized, data, metric=accuracy, quantizer=quantizer, progress=False,
+        graph=False,
+    )  # fmt: skip
+    assert len(dash.rows) == 15 and dash.history[0]["metric"] > 0.9
+    worst = dash.state.selected
+    assert worst == dash.report.worst(1)["node"].item()
+    expected = dash.report.df.set_index("node").loc[worst, "sqnr"]
+    assert dash.detail().sqnr == pytest.approx(expected, abs=0.05)  # one batch: the same batch
+    direct = layer_detail(dash.float_model, quantized, worst, (images,))
+    assert direct.sqnr == dash.detail().sqnr
