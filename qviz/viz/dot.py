@@ -75,14 +75,18 @@ def heat_colour(t: float) -> str:
 
 def _metric_range(view: GraphView) -> tuple[float, float] | None:
     values = [n.value for n in view.nodes if n.value is not None and math.isfinite(n.value)]
-    return (min(values), max(values)) if values else None
+    if not values:
+        return None
+    return view.metric_span if view.metric_span is not None else (min(values), max(values))
 
 
-def _value_colour(value: float, span: tuple[float, float]) -> str:
+def _value_colour(value: float, span: tuple[float, float], higher_is_better: bool = True) -> str:
     lo, hi = span
     if math.isinf(value):
-        return heat_colour(1.0 if value > 0 else 0.0)
-    return heat_colour((value - lo) / (hi - lo) if hi > lo else 0.5)
+        t = 1.0 if value > 0 else 0.0
+    else:
+        t = min(1.0, max(0.0, (value - lo) / (hi - lo))) if hi > lo else 0.5
+    return heat_colour(t if higher_is_better else 1.0 - t)
 
 
 def _graphviz() -> Any:
@@ -96,12 +100,18 @@ def _graphviz() -> Any:
     return graphviz
 
 
-def _table(node: ViewNode, highlighted: bool, span: tuple[float, float] | None, metric: str) -> str:
+def _table(
+    node: ViewNode,
+    highlighted: bool,
+    span: tuple[float, float] | None,
+    metric: str,
+    higher: bool = True,
+) -> str:
     fill, border, font = _STYLE.get(node.kind, _STYLE["op"])
     if node.group is not None and span is None:  # a heatmap mutes the group colours
         fill = group_colour(node.group)
     if node.value is not None and span is not None:
-        fill = _value_colour(node.value, span)
+        fill = _value_colour(node.value, span, higher)
     width = 3 if highlighted else 1
     border = _HIGHLIGHT if highlighted else border
     title = html.escape(node.label)
@@ -124,7 +134,12 @@ def _table(node: ViewNode, highlighted: bool, span: tuple[float, float] | None, 
 
 
 def _add_node(
-    g: Any, node: ViewNode, highlighted: bool, span: tuple[float, float] | None, metric: str
+    g: Any,
+    node: ViewNode,
+    highlighted: bool,
+    span: tuple[float, float] | None,
+    metric: str,
+    higher: bool = True,
 ) -> None:
     tooltip = node.tooltip or node.name
     if node.kind == "marker":
@@ -144,7 +159,7 @@ def _add_node(
         return
     if node.value is not None:
         tooltip = f"{metric or 'metric'} = {node.value:.6g}\\n{tooltip}"
-    label = _table(node, highlighted, span, metric)
+    label = _table(node, highlighted, span, metric, higher)
     g.node(node.name, label=label, shape="plaintext", tooltip=tooltip)
 
 
@@ -187,20 +202,21 @@ def _emit(
             _emit(sub, child, tree, members, draw, types)
 
 
-def _colour_bar(span: tuple[float, float], metric: str) -> str:
+def _colour_bar(span: tuple[float, float], metric: str, higher: bool = True) -> str:
     """A legend row: the metric's name, then ``min [cells low to high] max``."""
     lo, hi = span
+    steps = [i / (_BAR_CELLS - 1) for i in range(_BAR_CELLS)]
     cells = "".join(
-        f'<td bgcolor="{heat_colour(i / (_BAR_CELLS - 1))}" width="12"> </td>'
-        for i in range(_BAR_CELLS)
+        f'<td bgcolor="{heat_colour(t if higher else 1.0 - t)}" width="12"> </td>' for t in steps
     )
     bar = (
         f'<table border="0" cellspacing="0" cellpadding="2"><tr><td align="right">{lo:.3g}</td>'
         f'{cells}<td align="left">{hi:.3g}</td></tr></table>'
     )
     name = html.escape(metric or "metric")
+    order = "low (red) to high (green)" if higher else "low (green) to high (red)"
     return (
-        f'<tr><td colspan="2" align="left">{name}: low (red) to high (green)</td></tr>'
+        f'<tr><td colspan="2" align="left">{name}: {order}</td></tr>'
         f'<tr><td colspan="2">{bar}</td></tr>'
     )
 
@@ -242,7 +258,7 @@ def _legend(g: Any, view: GraphView, span: tuple[float, float] | None) -> None:
         for c, t in _legend_rows(stage, kinds, span is not None)
     )
     if span is not None:
-        cells += _colour_bar(span, metric)
+        cells += _colour_bar(span, metric, view.higher_is_better)
     label = (
         f'<<table border="0" cellspacing="2" cellpadding="2"><tr><td colspan="2">'
         f"<b>{stage} graph</b></td></tr>{cells}</table>>"
@@ -275,7 +291,8 @@ def to_digraph(view: GraphView, highlight: Collection[str] = (), legend: bool = 
     span = _metric_range(view)
 
     def draw(sub: Any, node: ViewNode) -> None:
-        _add_node(sub, node, _is_highlighted(node, marked), span, view.metric)
+        marked_node = _is_highlighted(node, marked)
+        _add_node(sub, node, marked_node, span, view.metric, view.higher_is_better)
 
     _emit(g, "", tree, members, draw, dict(view.module_types))
     for e in view.edges:

@@ -174,6 +174,20 @@ def _with_metrics(view: GraphView, values: dict[str, float], name: str) -> Graph
     return replace(view, nodes=nodes, metric=name)
 
 
+def _span(metric_range: Any) -> tuple[float, float] | None:
+    if metric_range is None:
+        return None
+    try:
+        low, high = (float(v) for v in metric_range)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"metric_range must be (low, high) numbers, got {metric_range!r}"
+        ) from None
+    if not low < high:
+        raise ConfigError(f"metric_range: low must be < high, got {metric_range!r}")
+    return (low, high)
+
+
 def graph(
     model: GraphModule,
     *,
@@ -182,6 +196,8 @@ def graph(
     show_params: bool = False,
     metrics: Any = None,
     metric_column: str | None = None,
+    metric_range: tuple[float, float] | None = None,
+    higher_is_better: bool = True,
 ) -> QGraph:
     """Draw ``model`` at its stage: captured float, annotated, observed (prepared) or converted.
 
@@ -208,6 +224,9 @@ def graph(
             lowest value; names not in the graph are warned about and skipped.
         metric_column: the DataFrame column to draw (default: its first numeric column); for a
             mapping, the name the legend and boxes give the values.
+        metric_range: ``(low, high)`` for the colour scale, so that several drawings compare
+            (default: the values' min..max; values outside are clamped to the ends).
+        higher_is_better: green for high values (SQNR); False for errors (MSE), green low.
 
     Returns:
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
@@ -236,5 +255,8 @@ def graph(
     view = read_graph(model, show_params=show_params)
     if metrics is not None:
         view = _with_metrics(view, *_metric_values(metrics, metric_column))
+        view = replace(
+            view, metric_span=_span(metric_range), higher_is_better=bool(higher_is_better)
+        )
     view = collapse_view(view, collapse)
     return QGraph(view, to_digraph(view, _highlight(highlight)))

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from qviz.errors import ConfigError
 from qviz.viz.stages import GraphView, ViewEdge, ViewNode
@@ -121,9 +122,7 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
         nodes[name] = ViewNode(
             name, old.kind, old.label, detail, old.module, tooltip=tooltip, count=count, value=value
         )
-    return GraphView(
-        view.stage, tuple(nodes.values()), _merge_edges(view, rep), view.module_types, view.metric
-    )
+    return replace(view, nodes=tuple(nodes.values()), edges=_merge_edges(view, rep))
 
 
 def _merge_edges(view: GraphView, rep: dict[str, str]) -> tuple[ViewEdge, ...]:

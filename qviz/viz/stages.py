@@ -91,7 +91,9 @@ class ViewEdge:
 class GraphView:
     """What to draw: the stage, the boxes, the arrows, and the type of each module path.
 
-    ``metric`` names the values carried by :attr:`ViewNode.value` (``""`` when there are none).
+    ``metric`` names the values carried by :attr:`ViewNode.value` (``""`` when there are none);
+    ``metric_span`` fixes the colour scale (None: the values' min..max) and
+    ``higher_is_better`` says which end is green.
     """
 
     stage: str
@@ -99,6 +101,8 @@ class GraphView:
     edges: tuple[ViewEdge, ...]
     module_types: tuple[tuple[str, str], ...] = ()
     metric: str = ""
+    metric_span: tuple[float, float] | None = None
+    higher_is_better: bool = True
 
 
 def stage_of(model: GraphModule) -> str:

@@ -67,9 +67,11 @@ SORT_COLUMNS = (
 )  # fmt: skip
 #: Columns where higher is better (sorted ascending to put the worst first).
 _HIGHER_IS_BETTER = frozenset({"local_sqnr", "sqnr", "weight_sqnr", "cosine"})
-#: What the graph can be coloured by: qviz.viz.graph draws low values red, so only columns
-#: where low is bad.
-COLOR_COLUMNS = ("local_sqnr", "sqnr", "weight_sqnr", "cosine")
+#: What the graph can be coloured by (green is good: high SQNR or cosine, low errors).
+COLOR_COLUMNS = (
+    "local_sqnr", "sqnr", "weight_sqnr", "cosine", "mse", "local_mse", "max_abs_err", "clipped",
+    "rmse_scale",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ class NumericDashboard:
         return self._guard(lambda: self._set(sort_by=_choice(by, SORT_COLUMNS, "sort by")))
 
     def color_by(self, column: str) -> NumericDashboard:
-        """Colour the graph by a report column (see COLOR_COLUMNS; low is red)."""
+        """Colour the graph by a report column (see COLOR_COLUMNS; the worse, the redder)."""
         return self._guard(lambda: self._set(color_by=_choice(column, COLOR_COLUMNS, "colour by")))
 
     def toggle_fallback(self, node: str | None = None) -> NumericDashboard:

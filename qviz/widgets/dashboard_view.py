@@ -198,9 +198,14 @@ def _drawing(dash: Any) -> Any:
 
     st = dash.state
     model, report = dash.quantized_model, dash.report
-    drawn = graph(model, metrics=report, metric_column=st.color_by)
+    from qviz.widgets.dashboard import _HIGHER_IS_BETTER
+
+    higher = st.color_by in _HIGHER_IS_BETTER
+    drawn = graph(model, metrics=report, metric_column=st.color_by, higher_is_better=higher)
     if len(drawn) > _BIG_GRAPH:
-        drawn = graph(model, metrics=report, metric_column=st.color_by, collapse=2)
+        drawn = graph(
+            model, metrics=report, metric_column=st.color_by, higher_is_better=higher, collapse=2
+        )
     return drawn
 
 

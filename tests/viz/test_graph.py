@@ -365,3 +365,18 @@ def test_a_collapsed_box_says_how_many_of_its_ops_stay_in_float():
     dot = graph(prepared, collapse=1).dot
     assert "1 left in float" in dot and 'tooltip="left in float: linear_1"' in dot
     assert dot.count("left in float</font>") == 1  # only the box holding linear_1
+
+
+def test_metric_range_fixes_the_scale_and_errors_can_be_green_when_low(digits):
+    _, prepared, _ = digits
+    values = {"conv2d": 30.0, "conv2d_2": 35.0}
+    assert _fill(graph(prepared, metrics=values).dot, "conv2d") == "#f46d43"  # the min: red
+    fixed = graph(prepared, metrics=values, metric_range=(0, 60))
+    assert _fill(fixed.dot, "conv2d") == "#fee08b"  # mid-scale on a fixed scale: yellow
+    legend = re.search(r"^\s*legend \[label=(.*)$", fixed.dot, re.M).group(1)
+    assert ">0</td>" in legend and ">60</td>" in legend
+    errors = graph(prepared, metrics={"conv2d": 0.1, "conv2d_2": 0.9}, higher_is_better=False)
+    assert _fill(errors.dot, "conv2d") == "#66bd63" and _fill(errors.dot, "conv2d_2") == "#f46d43"
+    assert "low (green) to high (red)" in errors.dot
+    with pytest.raises(qviz.ConfigError, match="metric_range"):
+        graph(prepared, metrics={"conv2d": 1.0}, metric_range=(5, 1))

@@ -89,7 +89,7 @@ def test_errors_keep_the_state_and_say_why(broken):
     assert dash.state == before and "pass quantizer=" in dash.error
     dash.sort("speed")
     assert dash.state == before and "choose one of" in dash.error
-    dash.color_by("mse")  # low MSE would be drawn red: not offered
+    dash.color_by("speed")
     assert dash.state == before and "colour by" in dash.error
     dash.select("relu")
     assert dash.error is None and dash.state.selected == "relu"
@@ -183,6 +183,8 @@ def test_graph_heatmap_and_clicks_select_rows(broken):
     assert dash.state.selected == "conv2d_1"
     dash._color.value = "sqnr"
     assert dash.state.color_by == "sqnr" and dash._graph.svg != svg
+    dash.color_by("mse")  # an error: the legend says low is green
+    assert "mse: low (green) to high (red)" in dash._graph.svg
     dash._rows.value = "linear"  # a click on a row
     assert dash.state.selected == "linear" and dash._graph.selected == "linear"
 

@@ -1,0 +1,156 @@
+"""CalibrationExplorer in JupyterLab in a real browser: the observer dropdown, the method toggle
+buttons, the percentile slider driven by the keyboard and "Use this range" all reach the kernel,
+and the table and status follow."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+SETUP = """
+import qviz
+from qviz.data import digits_loaders, digits_model
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.widgets import CalibrationExplorer
+
+calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
+gm = qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
+config = get_symmetric_quantization_config(is_per_channel=True, switchable=True)
+prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+prepared = qviz.calibrate(prepared, calib, progress=False)
+ex = CalibrationExplorer(prepared)
+"""
+
+SHOW = "ex"
+
+OBSERVER = "observer_7"  # relu_2, the residual block's output (not the first observer)
+
+#: The JavaScript that runs code on the notebook's kernel (outside any cell) and returns stdout.
+_KERNEL_RUN = """
+async (code) => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  const future = kernel.requestExecute({ code, store_history: false });
+  let out = "", err = "";
+  future.onIOPub = (msg) => {
+    if (msg.header.msg_type === "stream") out += msg.content.text;
+    if (msg.header.msg_type === "error") err += `${msg.content.ename}: ${msg.content.evalue}`;
+  };
+  await future.done;
+  return { out, err };
+}
+"""
+
+
+def kernel_json(page: Any, expression: str) -> Any:
+    """``expression`` evaluated in the notebook's kernel, sent back as JSON."""
+    code = f"import json as _json\nprint(_json.dumps({expression}))"
+    result = page.evaluate(_KERNEL_RUN, code)
+    assert not result["err"], f"the kernel raised on {expression!r}: {result['err']}"
+    return json.loads(result["out"])
+
+
+def _labelled(page: Any, widget_class: str, description: str) -> Any:
+    """The ipywidgets control of class ``widget_class`` whose label is ``description``."""
+    label = page.locator("label.widget-label", has_text=re.compile(f"^{re.escape(description)}$"))
+    return page.locator(f".{widget_class}").filter(has=label)
+
+
+def _row(page: Any, method: str) -> Any:
+    """The methods table's row of ``method``."""
+    first = page.locator("td", has_text=re.compile(f"^{method}\\b"))
+    return page.locator("table.qviz-calib tr").filter(has=first)
+
+
+def _highlighted(page: Any) -> str:
+    """The method of the table's highlighted row."""
+    row = page.locator('table.qviz-calib tr[style*="background"]')
+    return row.locator("td").first.inner_text().split()[0]
+
+
+def _wait_highlighted(page: Any, method: str) -> None:
+    page.wait_for_function(
+        """(m) => {
+             const row = document.querySelector('table.qviz-calib tr[style*="background"]');
+             return row && row.cells[0].textContent.split(' ')[0] === m;
+           }""",
+        arg=method,
+        timeout=10_000,
+    )
+
+
+def _wait_text_change(page: Any, selector: str, old: str) -> None:
+    page.wait_for_function(
+        "([s, old]) => { const e = document.querySelector(s); return e && e.textContent !== old; }",
+        arg=[selector, old],
+        timeout=10_000,
+    )
+
+
+def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None:
+    page = lab.open_notebook([SETUP, SHOW], name="explorer.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
+    output = page.locator(".jp-Cell-outputArea").last
+    table = page.locator("table.qviz-calib")
+    table.wait_for(timeout=20_000)
+    page.locator(".qviz-graph g.node").first.wait_for(timeout=20_000)
+    assert _highlighted(page) == "l2"
+    output.scroll_into_view_if_needed()
+    page.screenshot(path=screenshots / "explorer-1-opened.png")
+
+    # another observer from the dropdown: the table and histogram are the new observer's
+    observer = _labelled(page, "widget-dropdown", "observer").locator("select")
+    old_table = table.inner_text()
+    labels = observer.locator("option").all_inner_texts()
+    observer.select_option(label=next(t for t in labels if t.startswith(f"{OBSERVER}:")))
+    _wait_text_change(page, "table.qviz-calib", old_table)
+    assert kernel_json(page, "ex.state.observer") == OBSERVER
+
+    # the entropy toggle button: the highlighted row follows
+    toggles = page.locator(".widget-toggle-buttons button")
+    toggles.filter(has_text=re.compile("^entropy$")).click()
+    _wait_highlighted(page, "entropy")
+    assert kernel_json(page, "ex.state.method") == "entropy"
+    page.screenshot(path=screenshots / "explorer-2-entropy.png")
+
+    # percentile, then the slider moved with the keyboard: the percentile row's range moves
+    slider = _labelled(page, "widget-hslider", "percentile")
+    toggles.filter(has_text=re.compile("^percentile$")).click()
+    _wait_highlighted(page, "percentile")
+    readout = slider.locator(".widget-readout")
+    assert readout.inner_text().strip() == "99.990"
+    before = _row(page, "percentile").inner_text()
+    handle = slider.locator(".noUi-handle")
+    handle.focus()
+    for _ in range(10):
+        handle.press("ArrowLeft")
+    page.wait_for_function(
+        "([s, old]) => [...document.querySelectorAll(s)].some(r =>"
+        " /^percentile/.test(r.cells[0].textContent) && r.textContent !== old)",
+        arg=["table.qviz-calib tr", before],
+        timeout=10_000,
+    )
+    after = _row(page, "percentile").inner_text()
+    assert readout.inner_text().strip() == "99.980"
+    state = kernel_json(page, "[ex.state.percentile, ex.state.method]")
+    assert state == [pytest.approx(99.98), "percentile"]
+    high = [float(v) for v in re.findall(r"\[([-\d.e]+), ([-\d.e]+)\]", before)[0]]
+    high_after = [float(v) for v in re.findall(r"\[([-\d.e]+), ([-\d.e]+)\]", after)[0]]
+    assert high_after[1] < high[1]  # a lower percentile clips more: a narrower range
+    page.screenshot(path=screenshots / "explorer-3-percentile.png")
+
+    # "Use this range": the status says the user chose, and the plan records it
+    page.get_by_role("button", name="Use this range").click()
+    page.get_by_text(re.compile("user choice: percentile 99.98")).wait_for(timeout=10_000)
+    _row(page, "percentile").filter(has_text="★").wait_for(timeout=10_000)
+    assert kernel_json(page, "ex.choices") == {OBSERVER: "percentile 99.98"}
+    page.screenshot(path=screenshots / "explorer-4-chosen.png")
+    output.screenshot(path=screenshots / "explorer-4-widget.png")
+
+    assert lab.blocked == [], f"the page tried to reach the network: {lab.blocked}"
+    assert lab.errors == [], f"JavaScript errors: {lab.errors}"
