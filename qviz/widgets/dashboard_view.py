@@ -100,7 +100,9 @@ def build_view(dash: Any, with_graph: bool) -> None:
     dash._header = w.HTML(f'{_STYLE}<div class="qviz-dash-mono">{html.escape(_HEADER)}</div>')
     dash._rows = w.Select(options=[], rows=12, layout=w.Layout(width="100%"))
     dash._rows.add_class("qviz-dash-rows")
-    dash._fallback = w.ToggleButton(description="fallback this layer", icon="undo")
+    dash._fallback = w.ToggleButton(
+        description="fallback this layer", icon="undo", layout=w.Layout(width="200px")
+    )
     dash._progress = w.IntProgress(value=0, min=0, max=1, description="re-run")
     dash._history = w.HTML()
     dash._status = w.HTML()
@@ -193,6 +195,10 @@ def _row_of(dash: Any, name: str) -> str:
     return str(node.name) if node.name in rows else name
 
 
+#: The colour scale of SQNR columns, dB.
+_SQNR_SCALE = (0.0, 50.0)
+
+
 def _drawing(dash: Any) -> Any:
     from qviz.viz import graph
 
@@ -201,11 +207,12 @@ def _drawing(dash: Any) -> Any:
     from qviz.widgets.dashboard import _HIGHER_IS_BETTER
 
     higher = st.color_by in _HIGHER_IS_BETTER
-    drawn = graph(model, metrics=report, metric_column=st.color_by, higher_is_better=higher)
+    # SQNR on an absolute scale (0 dB red .. 50 dB green): after a fix, healthy layers stay green
+    span = _SQNR_SCALE if st.color_by.endswith("sqnr") else None
+    kwargs = {"metric_column": st.color_by, "higher_is_better": higher, "metric_range": span}
+    drawn = graph(model, metrics=report, **kwargs)
     if len(drawn) > _BIG_GRAPH:
-        drawn = graph(
-            model, metrics=report, metric_column=st.color_by, higher_is_better=higher, collapse=2
-        )
+        drawn = graph(model, metrics=report, collapse=2, **kwargs)
     return drawn
 
 
