@@ -25,7 +25,7 @@ import torchvision
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-from qviz.widgets import AnnotationEditor, CalibrationExplorer
+from qviz.widgets import AnnotationEditor, CalibrationExplorer, NumericDashboard
 
 RUNS = 5
 
@@ -79,6 +79,32 @@ def digits() -> None:
     row("digits", "explorer: change num_bits", median_ms(lambda i: ex.set(num_bits=4 + i % 4)), 200)
     ex.set(num_bits=8)
     row("digits", "explorer: use this range", median_ms(lambda i: ex.use_range()), 200)
+    dashboard(gm, calib)
+
+
+def dashboard(gm: torch.fx.GraphModule, calib: list[torch.Tensor]) -> None:
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), calib, progress=False)
+    test = list(digits_loaders(batch_size=90).test)
+    dash = NumericDashboard.from_models(
+        gm, qviz.convert_pt2e(prepared), test, quantizer=quantizer, progress=False
+    )
+    layers = [r["node"] for r in dash.rows][:5]
+    row(
+        "digits",
+        "dashboard: select a layer (detail figure)",
+        median_ms(lambda i: dash.select(layers[i % 5])),
+        1500,
+    )
+    worst = dash.sort("local_sqnr").rows[0]["node"]
+    dash.select(worst)
+
+    def toggle_fresh(_: int) -> None:
+        dash._runs.pop((worst,), None)  # the dashboard keeps runs: time a fresh one
+        dash.toggle_fallback(worst)  # on: prepare, calibrate, convert, compare again
+        dash.toggle_fallback(worst)  # off: the first run, kept
+
+    row("digits", "dashboard: fallback toggle on (re-run) + off", median_ms(toggle_fresh), 5000)
 
 
 def resnet18() -> None:
