@@ -106,6 +106,8 @@ class SpecSummary:
     zero_point: int | None = None
     shared_with: TensorRef | None = None
     derived_from: tuple[TensorRef, ...] = ()
+    #: The calibration method a HistogramObserver was built with (``method=``), if given.
+    method: str | None = None
 
     @classmethod
     def of(cls, spec: QuantizationSpecBase) -> SpecSummary:
@@ -125,10 +127,12 @@ class SpecSummary:
             return cls("derived", ch_axis=spec.ch_axis, derived_from=derived, **common)
         ctor = spec.observer_or_fake_quant_ctr
         name = getattr(getattr(ctor, "p", None), "func", ctor)
+        method = getattr(ctor, "kwargs", {}).get("method")
         return cls(
             "observed",
             ch_axis=spec.ch_axis,
             observer=getattr(name, "__name__", str(name)),
+            method=str(method) if method is not None else None,
             **common,
         )
 
@@ -257,7 +261,7 @@ def _describe_group(g: GroupRecord) -> str:
     s = g.spec
     text = f"{s.kind} {s.dtype} {_range(s)} {s.qscheme or ''}".rstrip()
     if s.kind == "observed" and s.observer:
-        text += f" {s.observer}"
+        text += f" {s.observer}" + (f"(method={s.method})" if s.method else "")
     if s.kind == "derived":
         text += " derived from " + ", ".join(str(r) for r in s.derived_from)
     qparams = g.qparams or (QParams(s.scale, s.zero_point) if s.kind == "fixed" else None)

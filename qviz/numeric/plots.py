@@ -34,6 +34,12 @@ def _finite(values: Any) -> list[float]:
     return [cap if v == math.inf else (0.0 if not math.isfinite(v) else float(v)) for v in values]
 
 
+def _max_ticks(n: int) -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(n)
+
+
 def sqnr_bars(df: Any, *, top: int | None = None, title: str = "") -> Any:
     """Horizontal bars per operator: local SQNR and cumulative SQNR side by side (dB).
 
@@ -88,6 +94,7 @@ def detail_figure(detail: Any) -> Any:
     scatter.set_title(f"{detail.node}: {len(f)} of {detail.numel} values", fontsize=10)
     hist.stairs(detail.error_counts, detail.error_edges, fill=True, color="tab:orange")
     hist.set_xlabel("quantized − float")
+    hist.xaxis.set_major_locator(_max_ticks(5))
     hist.set_ylabel("values")
     hist.set_title(f"error, SQNR {detail.sqnr:.2f} dB on the sample batch", fontsize=10)
     if detail.in_float:

@@ -187,7 +187,7 @@ def _parse_methods(methods: Any) -> tuple[str, ...]:
             f"methods must be a non-empty tuple of method names, e.g. {_DEFAULT_METHODS}, "
             f"got {methods!r}"
         )
-    parsed = tuple(CalibMethod.parse(m).value for m in methods)
+    parsed = tuple("l2" if m == "l2" else CalibMethod.parse(m).value for m in methods)
     return tuple(dict.fromkeys(parsed))
 
 
@@ -195,6 +195,11 @@ def _source(
     obj: Any, methods: tuple[str, ...], num_bits: int | None, pct: float | None, channel: int
 ) -> HistogramData:
     """Dispatch on the input kind; every branch ends in the same ``HistogramData``."""
+    if "l2" in methods and not isinstance(obj, HistogramObserver):
+        raise ConfigError(
+            "method 'l2' is a HistogramObserver's own search (torch's L2 range search); a "
+            "tensor or calibrator offers max, percentile, entropy and mse"
+        )
     if isinstance(obj, torch.Tensor):
         calib = HistogramCalibrator(8 if num_bits is None else num_bits, name="tensor")
         calib.collect(obj)
@@ -309,7 +314,10 @@ def _observer_source(
             f"a state_dict): run calibration batches through it (qviz.calibrate) first"
         )
     calib = obs.calibrator if obs.calibrator is not None and obs.calibrator.num_batches else None
-    available = methods if calib is not None else ()
+    keeps_l2 = obs.switchable or obs.method == "l2"
+    available = tuple(
+        m for m in methods if (m == "l2" and keeps_l2) or (m != "l2" and calib is not None)
+    )
     missing = [m for m in methods if m not in available]
     keeps_signed = float(obs.histogram.sum()) > 0
     if keeps_signed:

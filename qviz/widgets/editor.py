@@ -48,6 +48,15 @@ __all__ = ["AnnotationEditor"]
 BIG_GRAPH = 50
 
 
+def _dynamic_batch(gm: GraphModule) -> bool:
+    """Whether the graph was exported with a symbolic first dimension (``dynamic_batch=True``)."""
+    for node in gm.graph.nodes:
+        shape = getattr(node.meta.get("val"), "shape", None)
+        if node.op == "placeholder" and shape is not None and len(shape):
+            return not isinstance(shape[0], int)
+    return False
+
+
 def _default_quantizer() -> Any:
     from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
@@ -93,6 +102,7 @@ class AnnotationEditor:
         self._undo: list[dict[str, dict[str, Any]]] = []
         self._redo: list[dict[str, dict[str, Any]]] = []
         self.selection = ""
+        self._pending_reset = False
         self.error: str | None = None
         self.prepared = prepare_pt2e(exported_model, self.quantizer)
         self.collapsed = self._initial_collapse()
@@ -127,7 +137,8 @@ class AnnotationEditor:
             "",
         ]
         if self.example_inputs is not None:
-            lines.append("exported = qviz.export(model.eval(), example_inputs)")
+            dynamic = ", dynamic_batch=True" if _dynamic_batch(self.model) else ""
+            lines.append(f"exported = qviz.export(model.eval(), example_inputs{dynamic})")
         if base is None:
             lines.append(f"base = ...  # your quantizer: {type(self.base).__name__}")
         else:
@@ -142,10 +153,14 @@ class AnnotationEditor:
     def select(self, name: str) -> AnnotationEditor:
         """Select a node, an edge ``"producer -> consumer"`` or a module (its path)."""
         try:
-            self.selection = self._check_name(name)
+            selection = self._check_name(name)
             self.error = None
         except QvizError as exc:
             self.error = str(exc)
+        else:
+            if selection != self.selection:
+                self._pending_reset = True  # controls set for the old selection do not carry
+            self.selection = selection
         self._refresh(redraw=False)
         return self
 
@@ -184,6 +199,7 @@ class AnnotationEditor:
         """Collapse a module drawn expanded, or expand one drawn collapsed (one level: its
         submodules that have submodules of their own stay collapsed)."""
         path = path.removeprefix("module/")
+        self.error = None
         if path in self.collapsed:
             self.collapsed = [p for p in self.collapsed if p != path]
             inner = {c for c in self._children(path) if self._children(c)}  # not leaves

@@ -34,11 +34,17 @@ def _row(editor: Any, record: Any) -> dict[str, Any]:
         "range": f"[{spec.quant_min}, {spec.quant_max}]",
         "qscheme": spec.qscheme,
         "ch_axis": spec.ch_axis,
-        "observer": spec.observer if spec.kind == "observed" else spec.kind,
+        "observer": _observer(spec),
         "group": record.group,
         "how": how,
         "choice": group.choice,
     }
+
+
+def _observer(spec: Any) -> str:
+    if spec.kind != "observed":
+        return str(spec.kind)
+    return f"{spec.observer} ({spec.method})" if spec.method else str(spec.observer)
 
 
 def describe(editor: Any, name: str) -> dict[str, Any]:
@@ -83,8 +89,9 @@ def rows_html(rows: list[dict[str, Any]]) -> str:
         for r in rows
     )
     return (
-        '<table style="border-collapse:collapse;font-size:12px" class="qviz-annotation">'
-        f"<tr>{head}</tr>{body}</table>"
+        '<div style="overflow-x:auto;max-width:100%">'
+        '<table style="border-collapse:collapse;font-size:12px;white-space:nowrap" '
+        f'class="qviz-annotation"><tr>{head}</tr>{body}</table></div>'
     )
 
 

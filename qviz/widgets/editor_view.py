@@ -59,8 +59,8 @@ def build_view(editor: Any, with_graph: bool) -> None:
         "method": w.Dropdown(options=_METHODS, description="method"),
         "share_with": w.Dropdown(options=[NONE], description="share with"),
         "fixed": w.Checkbox(value=False, description="fixed qparams"),
-        "scale": w.FloatText(value=1 / 256, description="scale"),
-        "zero_point": w.IntText(value=0, description="zero_point"),
+        "scale": w.FloatText(value=1 / 256, description="scale", layout=w.Layout(width="170px")),
+        "zero_point": w.IntText(value=0, description="zero_point", layout=w.Layout(width="170px")),
     }
     editor._controls = c
     buttons = {
@@ -157,6 +157,9 @@ def refresh_view(editor: Any, redraw: bool = True) -> None:
         editor._graph.show(graph(editor.prepared, collapse=collapse))
     if editor._graph is not None and editor._graph.selected != editor.selection:
         editor._graph.selected = editor.selection
+    if editor._pending_reset:
+        _reset_controls(editor)
+        editor._pending_reset = False
     info = editor.describe()
     editor._panel.value = panel_html(info, editor.error)
     c = editor._controls

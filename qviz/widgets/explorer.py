@@ -231,6 +231,9 @@ class CalibrationExplorer:
             return self._cached((st.observer, "own"), lambda: histogram_data(obs))
         source = obs if st.num_bits == _bits(obs) else obs.calibrator.with_num_bits(st.num_bits)
         parts = []
+        if st.num_bits == _bits(obs) and (obs.switchable or obs.method == "l2"):
+            key = (st.observer, st.num_bits, "l2", None)
+            parts.append(self._cached(key, lambda: histogram_data(obs, methods=("l2",))))
         for m in _CALIBRATOR_METHODS:
             pct = st.percentile if m == "percentile" else None
             key = (st.observer, st.num_bits, m, pct)

@@ -40,10 +40,13 @@ def build_view(explorer: Any, with_graph: bool) -> None:
     explorer._observer = w.Dropdown(
         options=_options(explorer), value=st.observer, description="observer"
     )
-    explorer._method = w.ToggleButtons(options=list(METHODS), value=st.method, description="method")
+    explorer._method = w.ToggleButtons(
+        options=list(METHODS), value=st.method, description="method",
+        style={"button_width": "92px"},
+    )  # fmt: skip
     explorer._percentile = w.FloatSlider(
         value=st.percentile, min=99.0, max=100.0, step=0.001, readout_format=".3f",
-        description="percentile", continuous_update=False,
+        description="percentile", continuous_update=False, layout=w.Layout(width="380px"),
     )  # fmt: skip
     explorer._bits = w.IntSlider(
         value=st.num_bits, min=2, max=16, description="num_bits", continuous_update=False

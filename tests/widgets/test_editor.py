@@ -118,3 +118,8 @@ def test_big_models_open_collapsed():
     assert "module/layer1" in editor._graph.svg
     editor.toggle_module("layer1")
     assert "layer1" not in editor.collapsed and "layer1.0" in editor.collapsed
+
+
+def test_to_code_keeps_the_dynamic_batch(gm):
+    editor = AnnotationEditor(gm, example_inputs=(torch.randn(4, 1, 8, 8),), graph=False)
+    assert "qviz.export(model.eval(), example_inputs, dynamic_batch=True)" in editor.to_code()

@@ -67,6 +67,7 @@ def test_use_this_range_reaches_the_plan_and_convert(explorer):
     record = explorer.use_range()
     assert record.choice == "entropy" and explorer.choices == {explorer.state.observer: "entropy"}
     assert "★" in explorer._table.value
+    assert [r["method"] for r in explorer.rows][-1] == "l2"  # still offered after a choice
     qp = qviz.convert_pt2e(explorer.model).plan.group_of("relu_2").qparams
     assert (qp.scale, qp.zero_point) == (float(expected[0]), int(expected[1]))
 

@@ -287,7 +287,7 @@ class _Edit:
             close = difflib.get_close_matches(name.strip(), list(self.nodes), n=3)
             raise ConfigError(
                 f"overrides[{self.key!r}]: no node {name.strip()!r} in this graph "
-                f"(closest: {close})"
+                f"({f'closest: {close}' if close else 'no close match'})"
             )
         return node
 
@@ -325,7 +325,9 @@ class _Edit:
     def _new_spec(self, target: Any, before: dict[Any, Any]) -> Any:
         ch = self.changes
         if "share_with" in ch:
-            return SharedQuantizationSpec(self._share_target(ch["share_with"]))
+            other = self._share_target(ch["share_with"])
+            self._check_same_kind(target, other)
+            return SharedQuantizationSpec(other)
         current = self._current(target, before)
         if current is None or not isinstance(
             current, QuantizationSpec | FixedQParamsQuantizationSpec
@@ -345,10 +347,34 @@ class _Edit:
                     fields["dtype"], ch["scale"], ch["zero_point"], fields["quant_min"],
                     fields["quant_max"], fields["qscheme"],
                 )  # fmt: skip
+            if fields.get("qscheme") in _PER_CHANNEL_SCHEMES and fields.get("ch_axis") is None:
+                fields["ch_axis"] = 0 if _is_constant(target) else 1  # out-channels / channels
             fields["observer_or_fake_quant_ctr"] = self._observer(fields, current)
+            self._check_channel_axis(target, fields)
             return QuantizationSpec(**fields)
         except ConfigError as exc:
             raise ConfigError(f"overrides[{self.key!r}]: {exc}") from None
+
+    def _check_same_kind(self, target: Any, other: Any) -> None:
+        """A weight (a constant) and an activation cannot share one observer."""
+        mine, theirs = _is_constant(target), _is_constant(other)
+        if mine != theirs:
+            kinds = {True: "a weight (constant)", False: "an activation"}
+            raise ConfigError(
+                f"overrides[{self.key!r}]: share_with {self.changes['share_with']!r} is "
+                f"{kinds[theirs]} but {_text(target)} is {kinds[mine]}: one observer cannot "
+                f"measure both; share with another {kinds[mine].split(' (')[0].split()[-1]}"
+            )
+
+    def _check_channel_axis(self, target: Any, fields: dict[str, Any]) -> None:
+        """Per-channel activations along axis 0 would be per-sample: refuse with the fix."""
+        if fields.get("qscheme") in _PER_CHANNEL_SCHEMES and not _is_constant(target):
+            if fields.get("ch_axis") == 0:
+                raise ConfigError(
+                    f"{_text(target)} is an activation: ch_axis=0 is its batch dimension, which "
+                    f"changes from batch to batch; use ch_axis=1 (its channels) or a per-tensor "
+                    f"qscheme"
+                )
 
     def _share_target(self, text: str) -> Any:
         if "->" in text:
@@ -361,8 +387,6 @@ class _Edit:
         old = getattr(current, "observer_or_fake_quant_ctr", None)
         name = ch.get("observer") or _observer_name(old)
         per_channel = fields.get("qscheme") in _PER_CHANNEL_SCHEMES
-        if per_channel and fields.get("ch_axis") is None:
-            fields["ch_axis"] = 0
         if per_channel:
             name = _PER_CHANNEL_TWIN.get(name, name)
         else:
@@ -410,6 +434,16 @@ class _Edit:
         target.meta.pop(Q_ANNOTATION_KEY, None)
         record_float_reason(target, USER_FALLBACK, f"override {self.key!r}: quantize=False")
         gone.add(target)
+
+
+def _is_constant(target: Any) -> bool:
+    """Whether a tensor (edge or node output) is a constant such as a weight."""
+    producer = target[0] if isinstance(target, tuple) else target
+    return producer.op == "get_attr"
+
+
+def _text(target: Any) -> str:
+    return f"{target[0].name} -> {target[1].name}" if isinstance(target, tuple) else target.name
 
 
 def _inside(path: str, prefix: str) -> bool:

@@ -114,13 +114,19 @@ function size(view) {
   return { cw: view.viewport.clientWidth, ch: view.viewport.clientHeight };
 }
 
-function fit(view) {
+// The first view keeps labels readable: the whole graph when it fits at READABLE scale or
+// more, else the top of the graph at READABLE scale (pan or zoom out for the rest). "reset"
+// shows the whole graph, however small.
+const READABLE = 0.6;
+
+function fit(view, whole = false) {
   const { cw, ch } = size(view);
   if (!view.g || cw === 0 || ch === 0) return false;
   const { x0, y0, w, h } = view.box;
-  view.k = Math.min(cw / w, ch / h, 1);
+  const all = Math.min(cw / w, ch / h, 1);
+  view.k = whole ? all : Math.max(all, Math.min(cw / w, READABLE));
   view.tx = (cw - view.k * w) / 2 - view.k * x0;
-  view.ty = (ch - view.k * h) / 2 - view.k * y0;
+  view.ty = view.k * h <= ch ? (ch - view.k * h) / 2 - view.k * y0 : 8 - view.k * y0;
   view.fitted = true;
   apply(view);
   return true;
@@ -348,7 +354,7 @@ function render({ model, el }) {
   });
   ui.zoomIn.addEventListener("click", () => zoomCentre(view, ZOOM_STEP));
   ui.zoomOut.addEventListener("click", () => zoomCentre(view, 1 / ZOOM_STEP));
-  ui.reset.addEventListener("click", () => fit(view));
+  ui.reset.addEventListener("click", () => fit(view, true));
   const pan = panHandlers(view);
   ui.viewport.addEventListener("pointerdown", pan.down);
   ui.viewport.addEventListener("pointermove", pan.move);

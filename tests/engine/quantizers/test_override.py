@@ -69,6 +69,19 @@ def test_weight_edge_per_tensor_and_back(digits):
     assert (spec.qscheme, spec.observer) == ("per_channel_symmetric", "PerChannelMinMaxObserver")
 
 
+def test_per_channel_activations_default_to_the_channel_axis(digits):
+    gm, base, data = digits
+    q = OverrideQuantizer(base, {"relu_3": {"qscheme": "per_channel_affine"}})
+    prepared = qviz.prepare_pt2e(gm, q)
+    spec = prepared.plan.group_of("relu_3").spec
+    assert (spec.qscheme, spec.ch_axis, spec.observer) == (
+        "per_channel_affine",
+        1,
+        "PerChannelMinMaxObserver",
+    )
+    qviz.calibrate(prepared, [data[0], data[1][:5]], progress=False)  # batch sizes may change
+
+
 def test_histogram_method(digits):
     gm, base, _ = digits
     q = OverrideQuantizer(base, {"relu_1": {"method": "entropy"}})
@@ -143,6 +156,16 @@ def test_overrides_are_plain_json_and_the_model_is_not_changed(digits):
         ({"relu": {"scale": 0.1}}, ConfigError, "need both scale and zero_point"),
         ({"relu": {"quantize": "no"}}, ConfigError, "quantize must be True or False"),
         ({"relu -> add": {"share_with": "relu -> add"}}, AnnotationError, "relu -> add"),
+        (
+            {"conv2d_2 -> add": {"share_with": "stem_0_weight -> conv2d"}},
+            ConfigError,
+            "is a weight .constant. but conv2d_2 -> add is an activation",
+        ),
+        (
+            {"add": {"qscheme": "per_channel_symmetric", "ch_axis": 0}},
+            ConfigError,
+            "ch_axis=0 is its batch dimension",
+        ),
     ],
 )
 def test_invalid_edits_name_the_key_and_the_fix(digits, overrides, error, message):

@@ -281,16 +281,35 @@ def fail_on_traceback(page: Any) -> None:
         pytest.fail("a notebook cell raised:\n" + "\n".join(texts)[-4000:], pytrace=False)
 
 
+def forget_sessions(server: LabServer) -> None:
+    """Shut the server's kernels down and delete its saved workspaces, so that the next test's
+    page does not reopen (and count the cells of) an earlier test's notebook."""
+    auth = {"Authorization": f"token {server.token}"}
+
+    def call(method: str, path: str) -> Any:
+        request = urllib.request.Request(f"{server.url}{path}", method=method, headers=auth)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"null")
+
+    for session in call("GET", "/api/sessions"):
+        call("DELETE", f"/api/sessions/{session['id']}")
+    for space in call("GET", "/lab/api/workspaces")["workspaces"]["ids"]:
+        call("DELETE", f"/lab/api/workspaces/{space}")
+
+
 @pytest.fixture
 def lab(lab_server: LabServer, chromium: Any) -> Iterator[Lab]:
-    """A fresh browser context on the server that lets nothing leave 127.0.0.1."""
+    """A fresh browser context on a server with no kernel or saved workspace left by an earlier
+    test; it lets nothing leave 127.0.0.1."""
+    forget_sessions(lab_server)
     context = chromium.new_context(viewport={"width": 1280, "height": 1000})
     session = Lab(lab_server, context)
     context.route("**/*", session._route)
     try:
         yield session
     finally:
-        context.close()
+        context.close()  # first, or the page saves its workspace again
+        forget_sessions(lab_server)
 
 
 @pytest.fixture

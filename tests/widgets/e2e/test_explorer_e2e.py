@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,14 @@ def kernel_json(page: Any, expression: str) -> Any:
     result = page.evaluate(_KERNEL_RUN, code)
     assert not result["err"], f"the kernel raised on {expression!r}: {result['err']}"
     return json.loads(result["out"])
+
+
+def _wait_kernel(page: Any, expression: str, expected: Any, timeout_s: float = 10) -> None:
+    """Poll the kernel until ``expression`` equals ``expected`` (widget updates are batched)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := kernel_json(page, expression)) != expected:
+        assert time.monotonic() < deadline, f"{expression} = {value!r}, expected {expected!r}"
+        page.wait_for_timeout(200)
 
 
 def _labelled(page: Any, widget_class: str, description: str) -> Any:
@@ -129,19 +138,15 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
     handle.focus()
     for _ in range(10):
         handle.press("ArrowLeft")
-    page.wait_for_function(
-        "([s, old]) => [...document.querySelectorAll(s)].some(r =>"
-        " /^percentile/.test(r.cells[0].textContent) && r.textContent !== old)",
-        arg=["table.qviz-calib tr", before],
-        timeout=10_000,
-    )
-    after = _row(page, "percentile").inner_text()
-    assert readout.inner_text().strip() == "99.980"
-    state = kernel_json(page, "[ex.state.percentile, ex.state.method]")
-    assert state == [pytest.approx(99.98), "percentile"]
-    high = [float(v) for v in re.findall(r"\[([-\d.e]+), ([-\d.e]+)\]", before)[0]]
-    high_after = [float(v) for v in re.findall(r"\[([-\d.e]+), ([-\d.e]+)\]", after)[0]]
-    assert high_after[1] < high[1]  # a lower percentile clips more: a narrower range
+    assert readout.inner_text().strip() == "99.980"  # ten steps of 0.001
+    _wait_kernel(
+        page, "round(ex.state.percentile, 6)", 99.98
+    )  # the last key's value reached the kernel
+    high = kernel_json(page, "next(r['high'] for r in ex.rows if r['method'] == 'percentile')")
+    expected = f"{high:.4g}]"
+    _row(page, "percentile").filter(has_text=expected).wait_for(timeout=10_000)
+    assert _row(page, "percentile").inner_text() != before
+    assert float(re.search(r"([-\d.e]+)\]", before).group(1)) > high  # 99.98 clips more
     page.screenshot(path=screenshots / "explorer-3-percentile.png")
 
     # "Use this range": the status says the user chose, and the plan records it
