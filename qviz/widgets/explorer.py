@@ -142,6 +142,28 @@ class CalibrationExplorer:
         """``{observer: method}`` for every range the user chose (read from the plan)."""
         return {g.observer: g.choice for g in self.model.plan.groups if g.choice}
 
+    @property
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        """The choices as OverrideQuantizer overrides, so that a quantizer reproduces them.
+
+        Every tensor of a chosen group that has its own spec gets the method (and percentile),
+        so the groups stay as they are: ``OverrideQuantizer(base, explorer.overrides)`` (or
+        merged with an AnnotationEditor's overrides) prepares observers that pick these ranges.
+        """
+        plan = self.model.plan
+        out: dict[str, dict[str, Any]] = {}
+        for group in plan.groups:
+            if not group.choice:
+                continue
+            method, _, pct = group.choice.partition(" ")
+            change: dict[str, Any] = {"observer": "HistogramObserver", "method": method}
+            if pct:
+                change["percentile"] = float(pct)
+            for record in plan.tensors:
+                if record.group == group.group and record.spec.kind != "shared":
+                    out[str(record.tensor)] = dict(change)
+        return out
+
     # -- state changes -------------------------------------------------------------------------
     def _guard(self, action: Any) -> CalibrationExplorer:
         before = self.state

@@ -117,3 +117,30 @@ def test_rejects_models_without_histograms():
 
     with pytest.raises(ConfigError, match="prepare_pt2e"):
         CalibrationExplorer(torch.nn.ReLU())
+
+
+def test_choices_travel_as_overrides(explorer):
+    from qviz.engine.quantizers import OverrideQuantizer, XNNPACKQuantizer
+
+    explorer.select("relu_2").set(method="percentile", percentile=99.9).use_range()
+    explorer.select("relu").set(method="mse").use_range()
+    overrides = explorer.overrides
+    assert overrides["relu_2"] == {
+        "observer": "HistogramObserver",
+        "method": "percentile",
+        "percentile": 99.9,
+    }
+    assert overrides["relu -> add"] == {"observer": "HistogramObserver", "method": "mse"}
+    base = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True, switchable=True)
+    )
+    gm = explorer.model  # any prepared copy carries the graph; re-prepare from its float twin
+    again = qviz.prepare_pt2e(_float_graph(), OverrideQuantizer(base, overrides))
+    assert [g.members for g in again.plan.groups] == [g.members for g in gm.plan.groups]
+    observer = again.get_submodule(again.plan.group_of("relu_2").observer)
+    assert (observer.method, observer.percentile) == ("percentile", 99.9)
+
+
+def _float_graph():
+    calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
+    return qviz.export(digits_model(), (calib[0],), dynamic_batch=True)

@@ -19,7 +19,7 @@ and each value is a dict of changes, named as in ``QuantizationSpec``:
   ``"per_channel_symmetric"``, ``"per_channel_affine"``), ``ch_axis``;
 * ``observer``: an observer class name of :mod:`qviz.engine.observers` (a per-channel qscheme
   picks the per-channel variant), and ``method`` for a HistogramObserver (``"l2"``, ``"max"``,
-  ``"percentile"``, ``"entropy"``, ``"mse"``);
+  ``"percentile"``, ``"entropy"``, ``"mse"``) with its ``percentile``;
 * ``quantize``: ``False`` leaves the node (or edge) in float, the plan says "user fallback";
   ``True`` quantizes an operator the base left alone, with ``default_spec``;
 * ``share_with``: ``"producer -> consumer"`` or a node name: use that tensor's observer;
@@ -83,6 +83,7 @@ CHANGE_KEYS = (
     "ch_axis",
     "observer",
     "method",
+    "percentile",
     "quantize",
     "share_with",
     "scale",
@@ -154,6 +155,12 @@ def _normalize_change(key: str, name: str, value: Any) -> Any:
                 f"overrides[{key!r}]: method {value!r} is not one of {list(HISTOGRAM_METHODS)}"
             )
         return value
+    if name == "percentile":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 100:
+            raise ConfigError(
+                f"overrides[{key!r}]: percentile must be a number in (0, 100], got {value!r}"
+            )
+        return float(value)
     if name == "quantize":
         if not isinstance(value, bool):
             raise ConfigError(f"overrides[{key!r}]: quantize must be True or False, got {value!r}")
@@ -178,7 +185,7 @@ def normalize_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str,
         >>> normalize_overrides({"conv2d": {"bits": 4}})
         Traceback (most recent call last):
         ...
-        qviz.errors.ConfigError: overrides['conv2d']: unknown change 'bits'; the changes are dtype, quant_min, quant_max, qscheme, ch_axis, observer, method, quantize, share_with, scale, zero_point
+        qviz.errors.ConfigError: overrides['conv2d']: unknown change 'bits'; the changes are dtype, quant_min, quant_max, qscheme, ch_axis, observer, method, percentile, quantize, share_with, scale, zero_point
     """  # noqa: E501
     if not isinstance(overrides, Mapping):
         raise ConfigError(
@@ -394,12 +401,13 @@ class _Edit:
         if name not in _OBSERVERS:
             name = "PerChannelMinMaxObserver" if per_channel else "HistogramObserver"
         extra: dict[str, Any] = {}
-        if "method" in ch:
-            if name != "HistogramObserver":
-                raise ConfigError(
-                    f"method={ch['method']!r} needs observer='HistogramObserver', not {name}"
-                )
-            extra["method"] = ch["method"]
+        for option in ("method", "percentile"):
+            if option in ch:
+                if name != "HistogramObserver":
+                    raise ConfigError(
+                        f"{option}={ch[option]!r} needs observer='HistogramObserver', not {name}"
+                    )
+                extra[option] = ch[option]
         if old is not None and _observer_name(old) == name and hasattr(old, "with_args"):
             return old.with_args(**extra) if extra else old  # keeps its own arguments
         return _OBSERVERS[name].with_args(eps=_EPS, **extra)
