@@ -44,7 +44,15 @@ data = [torch.randn(8, 3, 12, 12) for _ in range(3)]
 gm = qviz.export(model, (data[0],), dynamic_batch=True)
 q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
 quantized = qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(gm, q), data, progress=False))
-dash = NumericDashboard.from_models(gm, quantized, data, quantizer=q, progress=False)
+
+
+def agreement(float_out, quant_out, target):  # top-1 agreement with the float model
+    return float((float_out.argmax(1) == quant_out.argmax(1)).float().mean())
+
+
+dash = NumericDashboard.from_models(
+    gm, quantized, data, metric=agreement, quantizer=q, progress=False
+)
 dash
 """
 
@@ -73,6 +81,10 @@ def test_fallback_toggle_in_the_browser(lab: Any, screenshots: Path) -> None:
     )
     before, after = _sqnr_pair(page)
     assert after > before + 20.0  # keeping the broken conv in float repairs the model
-    assert page.locator("table.qviz-dash-history").first.inner_text().count("conv2d_1") >= 1
+    history = page.locator("table.qviz-dash-history").first.inner_text()
+    rows = [line.split("\t") for line in history.splitlines() if line.startswith(("0", "1"))]
+    assert rows[1][1] == "conv2d_1"  # the run with the layer in float
+    first_metric, last_metric = float(rows[0][4]), float(rows[1][4])
+    assert last_metric >= first_metric and last_metric == 1.0  # the metric row: agreement
     page.screenshot(path=screenshots / "dashboard-after.png", full_page=True)
     assert lab.blocked == [] and lab.errors == []
