@@ -21,7 +21,7 @@ from typing import Any
 
 from qviz.viz.histograms import _COLORS, HistogramData, _display_bins
 
-__all__ = ["histogram_svg"]
+__all__ = ["histogram_svg", "rows_html"]
 
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 56, 12, 24, 34
 
@@ -90,6 +90,7 @@ def histogram_svg(
         f'<text x="{_PAD_L}" y="14" font-size="11">{html.escape(data.title)}</text>',
         _bars(counts, edges, sx, sy, _PAD_T + plot_h),
         _axes(x_lo, x_hi, sx, plot_w, plot_h, data.signed),
+        _y_label(plot_h, log),
     ]
     parts += _lines(data, sx, plot_h, highlight)
     parts.append("</svg>")
@@ -120,6 +121,15 @@ def _axes(x_lo: float, x_hi: float, sx: Any, plot_w: float, plot_h: float, signe
         f'<text x="{_PAD_L + plot_w / 2}" y="{base + 29}" text-anchor="middle">{label}</text>'
     )
     return "".join(out)
+
+
+def _y_label(plot_h: float, log: bool) -> str:
+    y = _PAD_T + plot_h / 2
+    text = "count (log)" if log else "count"
+    return (
+        f'<text x="{_PAD_L - 10}" y="{y:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 {_PAD_L - 10} {y:.1f})">{text}</text>'
+    )
 
 
 def _lines(data: HistogramData, sx: Any, plot_h: float, highlight: str | None) -> list[str]:
@@ -159,3 +169,40 @@ _TAB = {
 
 def _css_colour(name: str) -> str:
     return _TAB.get(name, name)
+
+
+def rows_html(rows: Any, *, highlight: str | None = None, chosen: str | None = None) -> str:
+    """The methods' table (range, scale, zero_point, clipped share, SQNR) as HTML.
+
+    ``highlight`` marks the row being considered; ``chosen`` (a user's choice, e.g.
+    ``"entropy"`` or ``"percentile 99.9"``) gets a star.
+
+    Example:
+        >>> import torch
+        >>> from qviz.viz.histograms import histogram_data
+        >>> "<td" in rows_html(histogram_data(torch.randn(1000), methods=("max",)).rows)
+        True
+    """
+    cell = 'style="padding:2px 10px;border-bottom:1px solid #ddd;text-align:right"'
+    head = "".join(
+        f"<th {cell}>{h}</th>"
+        for h in ("method", "range [low, high]", "scale", "zero_point", "clipped", "SQNR dB")
+    )
+    body = []
+    for r in rows:
+        style = ' style="background:#fff3c4;font-weight:bold"' if r["method"] == highlight else ""
+        star = " ★" if chosen and chosen.split()[0] == r["method"] else ""
+        own = " (observer's)" if r.get("current") else ""
+        values = (
+            f"{html.escape(r['method'])}{own}{star}",
+            f"[{r['low']:.4g}, {r['high']:.4g}]",
+            f"{r['scale']:.4g}",
+            str(r["zero_point"]),
+            f"{r['clipped_fraction']:.3%}",
+            f"{r['sqnr_db']:.2f}",
+        )
+        body.append(f"<tr{style}>" + "".join(f"<td {cell}>{v}</td>" for v in values) + "</tr>")
+    return (
+        '<table class="qviz-calib" style="border-collapse:collapse;font-size:12px">'
+        f"<tr>{head}</tr>{''.join(body)}</table>"
+    )

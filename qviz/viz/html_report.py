@@ -3,8 +3,10 @@
 The page reads the model's records and the other views: a summary (ops by kind, observers,
 sharing groups, nodes left in float and why, from ``model.plan``), the graph
 (:func:`qviz.viz.graph`, inline SVG, collapsed by module when it is big), the range overview
-(:func:`qviz.viz.ranges`) and one :func:`qviz.viz.histogram` per HistogramObserver group (inline
-base64 PNGs) for a prepared model, the plan's group table, and optionally a numeric-suite table.
+(:func:`qviz.viz.ranges`) and one histogram per HistogramObserver group (inline SVG drawn from
+:func:`qviz.viz.histograms.histogram_data`, the numbers :func:`qviz.viz.histogram` draws, with
+each method's table) for a prepared model, the plan's group table, and optionally a
+numeric-suite table.
 Everything is inline: no scripts, stylesheets, images or fonts are fetched, so the file can be
 mailed or attached to an issue as is.
 
@@ -275,6 +277,17 @@ def _figure(fig: Any, caption: str) -> str:
     return f"<figure>{img}<figcaption>{_esc(caption)}</figcaption></figure>"
 
 
+def _histogram_figure(data: Any, caption: str) -> str:
+    """One observer's histogram as inline SVG (log counts), its methods' table and a caption."""
+    from qviz.viz.histogram_svg import histogram_svg, rows_html
+
+    own = next((r["method"] for r in data.rows if r.get("current")), None)
+    note = f"<div class='sub'>{_esc(data.note)}</div>" if data.note else ""
+    svg = histogram_svg(data, log=True, width=560, height=240, highlight=own)
+    table = rows_html(data.rows, highlight=own)
+    return f"<figure>{svg}{table}{note}<figcaption>{_esc(caption)}</figcaption></figure>"
+
+
 def _ranges_section(model: Any, stage: str) -> str:
     if stage != "observed":
         return _section("Ranges and histograms", _note(_NO_OBSERVERS.format(stage=stage)))
@@ -299,7 +312,7 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
     if stage != "observed":
         return ""
     from qviz.engine.observers import HistogramObserver
-    from qviz.viz.histograms import histogram
+    from qviz.viz.histograms import histogram_data
 
     groups = [
         g for g in plan.groups if isinstance(_submodule(model, g.observer), HistogramObserver)
@@ -309,12 +322,12 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
     figures, empty = [], []
     for g in groups[:_MAX_HISTOGRAMS]:
         try:
-            fig = histogram(model.get_submodule(g.observer), log=True)
+            data = histogram_data(model.get_submodule(g.observer))
         except CalibrationError:
             empty.append(g.observer)
             continue
         members = ", ".join(str(m) for m in g.members)
-        figures.append(_figure(fig, f"group {g.group} ({g.observer}): {members}"))
+        figures.append(_histogram_figure(data, f"group {g.group} ({g.observer}): {members}"))
     notes = []
     others = len(plan.groups) - len(groups)
     if others:

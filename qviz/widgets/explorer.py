@@ -30,14 +30,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import html
 from dataclasses import dataclass
 from typing import Any
 
 from qviz.engine.choices import choose_range
 from qviz.engine.observers import HistogramObserver
 from qviz.errors import ConfigError, QvizError
-from qviz.viz.histogram_svg import histogram_svg
+from qviz.viz.histogram_svg import histogram_svg, rows_html
 from qviz.viz.histograms import HistogramData, histogram_data
 
 __all__ = ["CalibrationExplorer", "ExplorerState"]
@@ -310,29 +309,7 @@ def _merge(parts: list[HistogramData]) -> HistogramData:
 
 def table_html(rows: list[dict[str, Any]], considered: str, chosen: str | None) -> str:
     """The methods table; the considered method's row highlighted, the user's choice starred."""
-    cell = 'style="padding:2px 10px;border-bottom:1px solid #ddd;text-align:right"'
-    head = "".join(
-        f"<th {cell}>{h}</th>"
-        for h in ("method", "range [low, high]", "scale", "zero_point", "clipped", "SQNR dB")
-    )
-    body = []
-    for r in rows:
-        style = ' style="background:#fff3c4;font-weight:bold"' if r["method"] == considered else ""
-        star = " ★" if chosen and chosen.split()[0] == r["method"] else ""
-        own = " (observer's)" if r.get("current") else ""
-        values = (
-            f"{html.escape(r['method'])}{own}{star}",
-            f"[{r['low']:.4g}, {r['high']:.4g}]",
-            f"{r['scale']:.4g}",
-            str(r["zero_point"]),
-            f"{r['clipped_fraction']:.3%}",
-            f"{r['sqnr_db']:.2f}",
-        )
-        body.append(f"<tr{style}>" + "".join(f"<td {cell}>{v}</td>" for v in values) + "</tr>")
-    return (
-        '<table class="qviz-calib" style="border-collapse:collapse;font-size:12px">'
-        f"<tr>{head}</tr>{''.join(body)}</table>"
-    )
+    return rows_html(rows, highlight=considered, chosen=chosen)
 
 
 def histogram_of(explorer: CalibrationExplorer) -> str:
