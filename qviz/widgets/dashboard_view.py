@@ -20,7 +20,6 @@ from typing import Any
 
 __all__ = ["build_view", "figure_png", "history_html", "refresh_view", "row_label"]
 
-_BIG_GRAPH = 150
 _STYLE = (
     "<style>.qviz-dash-rows select, .qviz-dash-mono {font-family: monospace; font-size: 12px; "
     "white-space: pre}</style>"
@@ -161,7 +160,15 @@ def _graph(dash: Any) -> Any:
             return
         dash.select(_row_of(dash, name))
 
+    def on_module(change: dict[str, Any]) -> None:
+        path = (change["new"] or {}).get("path")
+        if path:
+            dash._folding.toggle(path)
+            dash._graph_key = None  # redraw with the new folding
+            _refresh_graph(dash)
+
     widget.observe(on_select, "selected")
+    widget.observe(on_module, "module_click")
     return widget
 
 
@@ -210,10 +217,11 @@ def _drawing(dash: Any) -> Any:
     # SQNR on an absolute scale (0 dB red .. 50 dB green): after a fix, healthy layers stay green
     span = _SQNR_SCALE if st.color_by.endswith("sqnr") else None
     kwargs = {"metric_column": st.color_by, "higher_is_better": higher, "metric_range": span}
-    drawn = graph(model, metrics=report, **kwargs)
-    if len(drawn) > _BIG_GRAPH:
-        drawn = graph(model, metrics=report, collapse=2, **kwargs)
-    return drawn
+    if getattr(dash, "_folding", None) is None:
+        from qviz.widgets.folding import Folding
+
+        dash._folding = Folding(model)  # big models open collapsed; a click expands a module
+    return graph(model, metrics=report, collapse=dash._folding.collapse, **kwargs)
 
 
 def refresh_view(dash: Any) -> None:

@@ -38,14 +38,11 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine.prepare import prepare_pt2e
-from qviz.engine.quantizers.fallback import module_path
 from qviz.engine.quantizers.override import OverrideQuantizer, normalize_overrides
 from qviz.errors import ConfigError, QvizError
+from qviz.widgets.folding import Folding
 
 __all__ = ["AnnotationEditor"]
-
-#: Graphs with more drawn ops than this open with every top-level module collapsed.
-BIG_GRAPH = 50
 
 
 def _dynamic_batch(gm: GraphModule) -> bool:
@@ -78,7 +75,6 @@ class AnnotationEditor:
         selection: the selected node, edge (``"a -> b"``) or module (``"module/<path>"``).
         error: the last refused edit's message, or None.
         prepared: the prepared model of the current edits (its ``.plan`` is the plan shown).
-        collapsed: module paths drawn as one box.
         widget: the ipywidgets box (the editor also renders itself in Jupyter).
     """
 
@@ -105,7 +101,7 @@ class AnnotationEditor:
         self._pending_reset = False
         self.error: str | None = None
         self.prepared = prepare_pt2e(exported_model, self.quantizer)
-        self.collapsed = self._initial_collapse()
+        self._folding = Folding(exported_model)
         self._build(graph)
         self._refresh()
 
@@ -198,16 +194,19 @@ class AnnotationEditor:
     def toggle_module(self, path: str) -> AnnotationEditor:
         """Collapse a module drawn expanded, or expand one drawn collapsed (one level: its
         submodules that have submodules of their own stay collapsed)."""
-        path = path.removeprefix("module/")
         self.error = None
-        if path in self.collapsed:
-            self.collapsed = [p for p in self.collapsed if p != path]
-            inner = {c for c in self._children(path) if self._children(c)}  # not leaves
-            self.collapsed += sorted(inner - set(self.collapsed))
-        else:
-            self.collapsed = [p for p in self.collapsed if not p.startswith(f"{path}.")] + [path]
+        self._folding.toggle(path)
         self._refresh()
         return self
+
+    @property
+    def collapsed(self) -> list[str]:
+        """The module paths drawn as one box."""
+        return self._folding.collapsed
+
+    @collapsed.setter
+    def collapsed(self, paths: list[str]) -> None:
+        self._folding.collapsed = list(paths)
 
     def describe(self, name: str | None = None) -> dict[str, Any]:
         """What the panel shows for ``name`` (default: the selection), as plain data."""
@@ -245,30 +244,11 @@ class AnnotationEditor:
             producer, _, consumer = (s.strip() for s in name.partition("->"))
             if producer in nodes and consumer in nodes:
                 return f"{producer} -> {consumer}"
-        if name in nodes or name in self._modules() or name.startswith("op:"):
+        if name in nodes or name in self._folding.modules or name.startswith("op:"):
             return name
         raise ConfigError(
             f"{name!r} is not a node, edge ('producer -> consumer') or module of this model"
         )
-
-    def _modules(self) -> set[str]:
-        paths = set()
-        for node in self.model.graph.nodes:
-            path = module_path(node)
-            while path:
-                paths.add(path)
-                path = path.rpartition(".")[0]
-        return paths
-
-    def _children(self, path: str) -> set[str]:
-        depth = path.count(".") + 1
-        return {p for p in self._modules() if p.startswith(f"{path}.") and p.count(".") == depth}
-
-    def _initial_collapse(self) -> list[str]:
-        ops = sum(1 for n in self.model.graph.nodes if n.op == "call_function")
-        if ops <= BIG_GRAPH:
-            return []
-        return sorted(p for p in self._modules() if "." not in p)
 
     def _build(self, with_graph: bool) -> None:
         from qviz.widgets.editor_view import build_view

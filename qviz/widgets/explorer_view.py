@@ -13,8 +13,6 @@ from typing import Any
 
 __all__ = ["build_view", "label_of", "refresh_view"]
 
-_BIG_GRAPH = 150
-
 
 def label_of(observer: str, members: list[str]) -> str:
     """Dropdown text: the observer and the first tensor it observes."""
@@ -93,12 +91,11 @@ def _wire(explorer: Any) -> None:
 
 def _graph(explorer: Any) -> Any:
     from qviz.viz import graph
+    from qviz.widgets.folding import Folding
     from qviz.widgets.graph_widget import GraphWidget
 
-    drawn = graph(explorer.model)
-    if len(drawn) > _BIG_GRAPH:
-        drawn = graph(explorer.model, collapse=2)
-    widget = GraphWidget().show(drawn)
+    folding = Folding(explorer.model)  # big models open collapsed; a click expands a module
+    widget = GraphWidget().show(graph(explorer.model, collapse=folding.collapse))
     widget.layout.width = "45%"
 
     def on_select(change: dict[str, Any]) -> None:
@@ -106,7 +103,15 @@ def _graph(explorer: Any) -> Any:
         if name and not name.startswith("module/"):
             explorer.select(name)
 
+    def on_module(change: dict[str, Any]) -> None:
+        path = (change["new"] or {}).get("path")
+        if path:
+            folding.toggle(path)
+            widget.show(graph(explorer.model, collapse=folding.collapse))
+
     widget.observe(on_select, "selected")
+    widget.observe(on_module, "module_click")
+    explorer._folding = folding
     return widget
 
 

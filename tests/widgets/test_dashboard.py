@@ -169,6 +169,10 @@ def test_graph_heatmap_and_clicks_select_rows(broken):
     svg = dash._graph.svg
     assert svg.startswith("<svg") and "local_sqnr" in svg
     assert dash._graph.selected == "conv2d_1"
+    dash._graph.module_click = {"path": "conv2", "n": 1}  # a click on a module: it folds
+    assert "module/conv2" in dash._graph.svg
+    dash._graph.module_click = {"path": "conv2", "n": 2}
+    assert "module/conv2" not in dash._graph.svg
     dash._graph.selected = "relu_2"  # a click on a node
     assert dash.state.selected == "relu_2" and dash._rows.value == "relu_2"
     nodes = {n.name: n for n in dash.quantized_model.graph.nodes}

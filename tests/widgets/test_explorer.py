@@ -144,3 +144,10 @@ def test_choices_travel_as_overrides(explorer):
 def _float_graph():
     calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
     return qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
+
+
+def test_module_clicks_fold_the_graph(explorer):
+    explorer._graph.module_click = {"path": "block", "n": 1}
+    assert "module/block" in explorer._graph.svg
+    explorer._graph.module_click = {"path": "block", "n": 2}
+    assert "module/block" not in explorer._graph.svg
