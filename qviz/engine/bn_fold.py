@@ -65,6 +65,17 @@ def _set_param(gm: GraphModule, target: str, value: torch.Tensor) -> None:
     module.register_parameter(name, torch.nn.Parameter(value.detach(), requires_grad=False))
 
 
+def _bias_target(gm: GraphModule, weight: str) -> str:
+    """Where a folded conv without bias keeps its new bias: ``stem.0.bias`` beside
+    ``stem.0.weight`` when that name is free, else ``stem.0.weight_bias``."""
+    owner, _, name = weight.rpartition(".")
+    if name == "weight":
+        module = gm.get_submodule(owner)
+        if getattr(module, "bias", None) is None and "bias" not in module._modules:
+            return f"{owner}.bias" if owner else "bias"
+    return f"{weight}_bias"
+
+
 def _foldable(bn: Node) -> tuple[Node, str | None]:
     """The conv feeding ``bn`` and why it cannot be folded (None when it can)."""
     conv = bn.args[0]
@@ -119,7 +130,7 @@ def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
     fused_w, fused_b = fused_conv_bn_params(gm, conv, bn)
     _set_param(gm, str(weight_node.target), fused_w)
     if bias_node is None:
-        target = f"{weight_node.target}_bias"
+        target = _bias_target(gm, str(weight_node.target))
         _set_param(gm, target, fused_b)
         with gm.graph.inserting_before(conv):
             bias_node = gm.graph.get_attr(target)

@@ -195,6 +195,24 @@ def _source(node: Node, observers: set[str]) -> Node:
     return node
 
 
+def _call_text(node: Node, observers: set[str]) -> str:
+    """``conv2d = conv2d(relu, block_conv1_weight, ...)``: inputs named past their observers
+    (an observer call node's fx name is not the observer module's name, so it would mislead)."""
+    if node.op != "call_function":
+        return node.format_node()
+
+    def name(arg: object) -> str:
+        if isinstance(arg, Node):
+            return _source(arg, observers).name
+        if isinstance(arg, list | tuple):
+            return "[" + ", ".join(name(a) for a in arg) + "]"
+        return repr(arg)
+
+    args = ", ".join(name(a) for a in node.args)
+    op = getattr(node.target, "__name__", str(node.target))
+    return f"{node.name} = {op}({args})"
+
+
 def _types(gm: GraphModule) -> tuple[tuple[str, str], ...]:
     types: dict[str, str] = {}
     for node in gm.graph.nodes:
@@ -241,7 +259,8 @@ def _observed(gm: GraphModule, plan: QuantPlan, show_params: bool) -> GraphView:
             continue
         f = floats.get(node.name)
         tip = f"left in float: {f.reason}" + (f" ({f.detail})" if f.detail else "") if f else ""
-        nodes[node.name] = _base_node(node, "float" if f else "op", tip or node.format_node())
+        text = tip or _call_text(node, observers)
+        nodes[node.name] = _base_node(node, "float" if f else "op", text)
     calls = {n.name for n in gm.graph.nodes if n.op == "call_module" and n.target in observers}
     edges = _graph_edges(gm, {n.name for n in gm.graph.nodes} - calls, observers)
     return _place_markers(plan, nodes, edges)
