@@ -19,7 +19,7 @@ import torch
 
 from qviz.errors import ConfigError
 
-__all__ = ["batches_of", "split_batch"]
+__all__ = ["batch_size", "batches_of", "flat_tensors", "num_inputs", "split_batch"]
 
 
 def batches_of(data: Any, where: str) -> Iterable[Any]:
@@ -50,3 +50,33 @@ def split_batch(batch: Any, n_inputs: int, index: int) -> tuple[tuple[Any, ...],
     raise ConfigError(
         f"batch {index} is a {type(batch).__name__}; give tensors or (inputs..., target) tuples"
     )
+
+
+def num_inputs(gm: Any) -> int:
+    """How many inputs a graph module takes (its placeholders)."""
+    return sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def batch_size(inputs: tuple[Any, ...]) -> int:
+    """The first dimension of the first non-scalar tensor input (1 when there is none).
+
+    Example:
+        >>> batch_size((torch.ones(3, 2),)), batch_size((2.0,))
+        (3, 1)
+    """
+    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
+    return int(first.shape[0]) if first is not None else 1
+
+
+def flat_tensors(out: Any) -> list[torch.Tensor]:
+    """Every tensor of a model output (nested tuples and lists), in order.
+
+    Example:
+        >>> [t.shape[0] for t in flat_tensors((torch.ones(1), [torch.ones(2), "x"]))]
+        [1, 2]
+    """
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [t for o in out for t in flat_tensors(o)]
+    return []

@@ -55,7 +55,13 @@ from qviz.engine.bn_fold import fused_conv_bn_params
 from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.handles import assign_handles, float_handle, handle
 from qviz.errors import ConfigError
-from qviz.numeric.batches import batches_of, split_batch
+from qviz.numeric.batches import (
+    batch_size,
+    batches_of,
+    flat_tensors,
+    num_inputs,
+    split_batch,
+)
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 
@@ -370,7 +376,7 @@ def compare(
         raise ConfigError(
             f"metric must be a function (float_out, quant_out, target), got {metric!r}"
         )
-    n_inputs = sum(1 for n in quantized_model.graph.nodes if n.op == "placeholder")
+    n_inputs = num_inputs(quantized_model)
     batches = iter(batches_of(data, "compare"))
     first = next(batches, None)
     if first is None:
@@ -416,9 +422,9 @@ def _run(fgm, qgm, rows, batches, n_inputs, metric, progress) -> NumericReport:
             float_out = float_run.run(*inputs)
             quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*inputs)
             del float_run
-            for f, q in zip(_flat(float_out), _flat(quant_out), strict=True):
+            for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
                 outputs.update(f, q)
-            size = _batch_size(inputs)
+            size = batch_size(inputs)
             if metric is not None:
                 metric_sum += float(metric(_single(float_out), _single(quant_out), target)) * size
             samples += size
@@ -427,18 +433,5 @@ def _run(fgm, qgm, rows, batches, n_inputs, metric, progress) -> NumericReport:
     return NumericReport.from_rows(rows, outputs, metric_value, count, samples)
 
 
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, list | tuple):
-        return [t for o in out for t in _flat(o)]
-    return []
-
-
 def _single(out: Any) -> Any:
     return out[0] if isinstance(out, list | tuple) and len(out) == 1 else out
-
-
-def _batch_size(inputs: tuple[Any, ...]) -> int:
-    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
-    return int(first.shape[0]) if first is not None else 1

@@ -35,7 +35,13 @@ from torch.fx import GraphModule
 
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
-from qviz.numeric.batches import batches_of, split_batch
+from qviz.numeric.batches import (
+    batch_size,
+    batches_of,
+    flat_tensors,
+    num_inputs,
+    split_batch,
+)
 from qviz.numeric.progress import progress_bar
 from qviz.numeric.streaming import PairStats
 
@@ -79,7 +85,7 @@ class _Evaluator:
     """The float model's outputs on the data, kept (outputs only), and quantized models scored."""
 
     def __init__(self, float_gm: GraphModule, data: Any, metric: Callable | None) -> None:
-        self.n_inputs = sum(1 for n in float_gm.graph.nodes if n.op == "placeholder")
+        self.n_inputs = num_inputs(float_gm)
         self.batches = [split_batch(b, self.n_inputs, i) for i, b in enumerate(data)]
         if not self.batches:
             raise ConfigError("the data has no batches")
@@ -93,8 +99,8 @@ class _Evaluator:
             return None
         total, samples = 0.0, 0
         for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
-            total += float(self.metric(ref, ref, target)) * _size(inputs)
-            samples += _size(inputs)
+            total += float(self.metric(ref, ref, target)) * batch_size(inputs)
+            samples += batch_size(inputs)
         return total / samples
 
     def score(self, model: Any) -> tuple[float, float | None]:
@@ -103,26 +109,13 @@ class _Evaluator:
         with torch.no_grad():
             for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
                 out = model(*inputs)
-                for f, q in zip(_flat(ref), _flat(out), strict=True):
+                for f, q in zip(flat_tensors(ref), flat_tensors(out), strict=True):
                     stats.update(f, q)
-                size = _size(inputs)
+                size = batch_size(inputs)
                 if self.metric is not None:
                     total += float(self.metric(ref, out, target)) * size
                 samples += size
         return stats.sqnr, (total / samples if self.metric is not None else None)
-
-
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, list | tuple):
-        return [t for o in out for t in _flat(o)]
-    return []
-
-
-def _size(inputs: tuple[Any, ...]) -> int:
-    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
-    return int(first.shape[0]) if first is not None else 1
 
 
 def _quantize(gm: GraphModule, quantizer: Any, calibration: list[Any]) -> GraphModule:

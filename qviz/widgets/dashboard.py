@@ -48,7 +48,7 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.errors import ConfigError, QvizError
-from qviz.numeric.batches import batches_of, split_batch
+from qviz.numeric.batches import batches_of, num_inputs, split_batch
 from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
 
@@ -97,10 +97,6 @@ class DashboardState:
     fallback: tuple[str, ...] = ()
     color_by: str = "local_sqnr"
     history: tuple[Run, ...] = ()
-
-
-def _n_inputs(gm: GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op == "placeholder")
 
 
 class NumericDashboard:
@@ -234,7 +230,7 @@ class NumericDashboard:
         batches = list(batches_of(data, "NumericDashboard.from_models"))
         if not batches:
             raise ConfigError("NumericDashboard.from_models needs at least one batch of data")
-        inputs, _ = split_batch(batches[0], _n_inputs(quantized_model), 0)
+        inputs, _ = split_batch(batches[0], num_inputs(quantized_model), 0)
         fgm = float_graph_of(float_model, inputs)
         report = compare(fgm, quantized_model, batches, metric=metric, progress=progress)
         return cls(
@@ -384,7 +380,7 @@ class NumericDashboard:
     def _sample_inputs(self, quantized_model: Any) -> tuple[Any, ...] | None:
         if not self._batches:
             return None
-        n = _n_inputs(quantized_model) if isinstance(quantized_model, GraphModule) else 1
+        n = num_inputs(quantized_model) if isinstance(quantized_model, GraphModule) else 1
         return split_batch(self._batches[0], n, 0)[0]
 
     # -- view ----------------------------------------------------------------------------------
