@@ -18,7 +18,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from qviz.engine.quantizers.fallback import module_path
+from qviz.engine.quantizers.fallback import inside_module, module_path
 
 __all__ = ["describe", "panel_html", "rows_html"]
 
@@ -68,13 +68,9 @@ def describe(editor: Any, name: str) -> dict[str, Any]:
         return {"kind": "node", "name": name, "rows": rows, "float": reason, "edits": edits,
                 "module": module_path(nodes[name])}  # fmt: skip
     inside = [n.name for n in editor.model.graph.nodes
-              if n.op == "call_function" and _inside(module_path(n), name)]  # fmt: skip
+              if n.op == "call_function" and inside_module(module_path(n), name)]  # fmt: skip
     return {"kind": "module", "name": name, "rows": [], "float": None, "edits": edits,
             "nodes": inside}  # fmt: skip
-
-
-def _inside(path: str, prefix: str) -> bool:
-    return bool(path) and (path == prefix or path.startswith(f"{prefix}."))
 
 
 def rows_html(rows: list[dict[str, Any]]) -> str:

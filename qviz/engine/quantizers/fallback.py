@@ -36,7 +36,7 @@ from qviz.engine.quantizers.annotate import USER_FALLBACK, record_float_reason
 from qviz.engine.specs import Q_ANNOTATION_KEY
 from qviz.errors import AnnotationError, ConfigError
 
-__all__ = ["FallbackQuantizer", "module_path"]
+__all__ = ["FallbackQuantizer", "WrappingQuantizer", "inside_module", "module_path"]
 
 
 def module_path(node: Node) -> str:
@@ -53,6 +53,42 @@ def module_path(node: Node) -> str:
         if isinstance(value, tuple) and len(value) == 2:
             path = str(value[0])
     return path
+
+
+def inside_module(path: str, prefix: str) -> bool:
+    """Whether the module ``path`` is ``prefix`` or one of its submodules.
+
+    Example:
+        >>> inside_module("block.conv1", "block"), inside_module("blocks", "block")
+        (True, False)
+    """
+    return bool(path) and (path == prefix or path.startswith(f"{prefix}."))
+
+
+class WrappingQuantizer(Quantizer):
+    """A quantizer that edits what ``base`` annotates (``base`` None: an unannotated graph);
+    the transform, validation and observer callback are ``base``'s.
+
+    Example:
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer
+        >>> FallbackQuantizer(XNNPACKQuantizer(), "fc").base.__class__.__name__
+        'XNNPACKQuantizer'
+    """
+
+    base: Any = None
+
+    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        transform = getattr(self.base, "transform_for_annotation", None)
+        return transform(model) if transform is not None else model
+
+    def validate(self, model: GraphModule) -> None:
+        if self.base is not None:
+            self.base.validate(model)
+
+    def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs: Any) -> None:
+        callback = getattr(self.base, "prepare_obs_or_fq_callback", None)
+        if callback is not None:
+            callback(model, edge_or_node_to_obs)
 
 
 def _names(nodes_or_module_names: Any) -> tuple[str, ...]:
@@ -74,7 +110,7 @@ def _names(nodes_or_module_names: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-class FallbackQuantizer(Quantizer):
+class FallbackQuantizer(WrappingQuantizer):
     """``base``'s annotations with the named nodes (or modules) left in float.
 
     Args:
@@ -100,10 +136,6 @@ class FallbackQuantizer(Quantizer):
     def __repr__(self) -> str:
         return f"FallbackQuantizer({self.base!r}, {list(self.names)!r})"
 
-    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        transform = getattr(self.base, "transform_for_annotation", None)
-        return transform(model) if transform is not None else model
-
     def annotate(self, model: GraphModule) -> GraphModule:
         self.base.annotate(model)
         targets = self._targets(model)
@@ -114,19 +146,11 @@ class FallbackQuantizer(Quantizer):
         _repair(model, set(targets), before)
         return model
 
-    def validate(self, model: GraphModule) -> None:
-        self.base.validate(model)
-
-    def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs: Any) -> None:
-        callback = getattr(self.base, "prepare_obs_or_fq_callback", None)
-        if callback is not None:
-            callback(model, edge_or_node_to_obs)
-
     def _reason(self, node: Node) -> str:
         if node.name in self.names:
             return node.name
         path = module_path(node)
-        return next(n for n in self.names if path == n or path.startswith(f"{n}."))
+        return next(n for n in self.names if inside_module(path, n))
 
     def _targets(self, model: GraphModule) -> list[Node]:
         ops = [n for n in model.graph.nodes if n.op == "call_function"]
@@ -135,7 +159,7 @@ class FallbackQuantizer(Quantizer):
             name
             for name in self.names
             if not any(n.name == name for n in ops)
-            and not any(p == name or p.startswith(f"{name}.") for p in paths)
+            and not any(inside_module(p, name) for p in paths)
         ]
         if unknown:
             known = sorted({n.name for n in ops} | {p for p in paths if p})
@@ -145,11 +169,11 @@ class FallbackQuantizer(Quantizer):
                 f"{hints}); give node names as in the plan (e.g. 'conv2d_2') or module paths "
                 f"(e.g. 'block.conv1')"
             )
-        return [n for n in ops if n.name in self.names or _inside(module_path(n), self.names)]
-
-
-def _inside(path: str, names: tuple[str, ...]) -> bool:
-    return any(path == n or path.startswith(f"{n}.") for n in names if path)
+        return [
+            n
+            for n in ops
+            if n.name in self.names or any(inside_module(module_path(n), m) for m in self.names)
+        ]
 
 
 def _snapshot(model: GraphModule) -> dict[Any, Any]:

@@ -61,9 +61,15 @@ from qviz.engine.observers import (
     PerChannelMinMaxObserver,
 )
 from qviz.engine.qparams import DTYPE_RANGES
-from qviz.engine.quantizer import Quantizer
 from qviz.engine.quantizers.annotate import USER_FALLBACK, record_float_reason
-from qviz.engine.quantizers.fallback import _repair, _resolve, _snapshot, module_path
+from qviz.engine.quantizers.fallback import (
+    WrappingQuantizer,
+    _repair,
+    _resolve,
+    _snapshot,
+    inside_module,
+    module_path,
+)
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
     FixedQParamsQuantizationSpec,
@@ -211,7 +217,7 @@ def normalize_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str,
     return out
 
 
-class OverrideQuantizer(Quantizer):
+class OverrideQuantizer(WrappingQuantizer):
     """``base``'s annotations with ``overrides`` applied (see the module docstring).
 
     Args:
@@ -248,25 +254,12 @@ class OverrideQuantizer(Quantizer):
     def __repr__(self) -> str:
         return f"OverrideQuantizer({self.base!r}, {self.overrides!r})"
 
-    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        transform = getattr(self.base, "transform_for_annotation", None)
-        return transform(model) if transform is not None else model
-
     def annotate(self, model: GraphModule) -> GraphModule:
         if self.base is not None:
             self.base.annotate(model)
         for key, changes in self.overrides.items():
             _Edit(model, key, changes, self.default_spec).apply()
         return model
-
-    def validate(self, model: GraphModule) -> None:
-        if self.base is not None:
-            self.base.validate(model)
-
-    def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs: Any) -> None:
-        callback = getattr(self.base, "prepare_obs_or_fq_callback", None)
-        if callback is not None:
-            callback(model, edge_or_node_to_obs)
 
 
 class _Edit:
@@ -315,7 +308,7 @@ class _Edit:
         elif key in self.nodes:
             found = [self.nodes[key]]
         else:
-            found = [n for n in ops if _inside(module_path(n), key)]
+            found = [n for n in ops if inside_module(module_path(n), key)]
         if not found:
             known = sorted({n.name for n in ops} | {module_path(n) for n in ops} - {""})
             raise ConfigError(
@@ -452,10 +445,6 @@ def _is_constant(target: Any) -> bool:
 
 def _text(target: Any) -> str:
     return f"{target[0].name} -> {target[1].name}" if isinstance(target, tuple) else target.name
-
-
-def _inside(path: str, prefix: str) -> bool:
-    return bool(path) and (path == prefix or path.startswith(f"{prefix}."))
 
 
 def _op_name(node: Node) -> str:
