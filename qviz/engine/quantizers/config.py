@@ -10,11 +10,16 @@ Example:
     (torch.per_channel_symmetric, 0, -127)
     >>> config.input_activation.observer_or_fake_quant_ctr
     HistogramObserver.with_args(eps=0.000244140625)
-"""
+    >>> get_symmetric_quantization_config(is_qat=True)
+    Traceback (most recent call last):
+    ...
+    qviz.errors.ConfigError: get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz does not provide; use is_qat=False (post-training quantization)
+"""  # noqa: E501
 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import torch
@@ -78,11 +83,26 @@ def get_symmetric_quantization_config(
         >>> act = get_symmetric_quantization_config(switchable=True).input_activation
         >>> act.observer_or_fake_quant_ctr().switchable
         True
-        >>> get_symmetric_quantization_config(is_qat=True)
-        Traceback (most recent call last):
-        ...
-        qviz.errors.ConfigError: get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz does not provide; use is_qat=False (post-training quantization)
-    """  # noqa: E501
+    """
+    _check_options(is_qat, switchable)
+    activation = _activation_spec(is_dynamic, switchable, act_qmin, act_qmax)
+    weight = _weight_spec(is_per_channel, weight_qmin, weight_qmax)
+    output = None if is_dynamic else activation
+    config = QuantizationConfig(activation, output, weight, None, is_qat)
+    _remember_origin(
+        config,
+        is_per_channel=is_per_channel,
+        is_dynamic=is_dynamic,
+        act_qmin=act_qmin,
+        act_qmax=act_qmax,
+        weight_qmin=weight_qmin,
+        weight_qmax=weight_qmax,
+        switchable=switchable,
+    )
+    return config
+
+
+def _check_options(is_qat: bool, switchable: Any) -> None:
     if is_qat:
         raise ConfigError(
             "get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's "
@@ -91,44 +111,43 @@ def get_symmetric_quantization_config(
         )
     if not isinstance(switchable, bool):
         raise ConfigError(f"switchable must be True or False, got {switchable!r}")
+
+
+def _activation_spec(is_dynamic: bool, switchable: bool, qmin: int, qmax: int) -> QuantizationSpec:
     if is_dynamic:
-        act_ctr = PlaceholderObserver.with_args(eps=_EPS)
+        ctr = PlaceholderObserver.with_args(eps=_EPS)
     elif switchable:
-        act_ctr = HistogramObserver.with_args(eps=_EPS, switchable=True)
+        ctr = HistogramObserver.with_args(eps=_EPS, switchable=True)
     else:
-        act_ctr = HistogramObserver.with_args(eps=_EPS)
-    activation = QuantizationSpec(
+        ctr = HistogramObserver.with_args(eps=_EPS)
+    return QuantizationSpec(
         dtype=torch.int8,
-        observer_or_fake_quant_ctr=act_ctr,
-        quant_min=act_qmin,
-        quant_max=act_qmax,
+        observer_or_fake_quant_ctr=ctr,
+        quant_min=qmin,
+        quant_max=qmax,
         qscheme=torch.per_tensor_affine,
         is_dynamic=is_dynamic,
     )
-    weight_observer = PerChannelMinMaxObserver if is_per_channel else MinMaxObserver
-    weight = QuantizationSpec(
+
+
+def _weight_spec(is_per_channel: bool, qmin: int, qmax: int) -> QuantizationSpec:
+    observer = PerChannelMinMaxObserver if is_per_channel else MinMaxObserver
+    return QuantizationSpec(
         dtype=torch.int8,
-        observer_or_fake_quant_ctr=weight_observer.with_args(eps=_EPS),
-        quant_min=weight_qmin,
-        quant_max=weight_qmax,
+        observer_or_fake_quant_ctr=observer.with_args(eps=_EPS),
+        quant_min=qmin,
+        quant_max=qmax,
         qscheme=torch.per_channel_symmetric if is_per_channel else torch.per_tensor_symmetric,
         ch_axis=0,
         is_dynamic=False,
     )
-    output = None if is_dynamic else activation
-    config = QuantizationConfig(activation, output, weight, None, is_qat)
-    given = {
-        "is_per_channel": (is_per_channel, False),
-        "is_dynamic": (is_dynamic, False),
-        "act_qmin": (act_qmin, -128),
-        "act_qmax": (act_qmax, 127),
-        "weight_qmin": (weight_qmin, -127),
-        "weight_qmax": (weight_qmax, 127),
-        "switchable": (switchable, False),
-    }
-    args = ", ".join(f"{k}={v!r}" for k, (v, default) in given.items() if v != default)
+
+
+def _remember_origin(config: QuantizationConfig, **given: Any) -> None:
+    """Record the call that built ``config``: only the arguments that differ from the defaults."""
+    params = inspect.signature(get_symmetric_quantization_config.__wrapped__).parameters
+    args = ", ".join(f"{k}={v!r}" for k, v in given.items() if v != params[k].default)
     _ORIGINS[id(config)] = f"get_symmetric_quantization_config({args})"
-    return config
 
 
 #: ``id(config) -> the call that made it``; the lru_cache keeps those configs alive.
