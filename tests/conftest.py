@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 import torch
+from torch import nn
 
 _SCRATCH = tempfile.mkdtemp(prefix="qviz-tests-")
 for var, sub in {
@@ -23,3 +24,57 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+class ThreeConvs(nn.Module):
+    """Three conv-relu layers and a linear head: the numeric suite's deliberately broken model."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.conv3(x))
+        return self.fc(x.mean((2, 3)))
+
+
+def _broken_model() -> nn.Module:
+    torch.manual_seed(0)  # the caller draws its data next, from this seed's stream
+    model = ThreeConvs().eval()
+    with torch.no_grad():
+        # channel 0 of conv1 is dead after its relu, so the outlier never changes a float output:
+        # the float model is fine, only the quantized weight grid of conv2 is ruined
+        model.conv1.bias[0] = -100.0
+        model.conv2.weight[0, 0, 1, 1] = 200 * model.conv2.weight.abs().max()
+    return model
+
+
+@pytest.fixture(scope="session")
+def make_broken_model():
+    """``make_broken_model()``: a float model whose conv2 has one huge weight on a dead input
+    channel, so per-tensor weight quantization ruins conv2 alone (seeds torch with 0)."""
+    return _broken_model
+
+
+def _calibrated_digits(switchable: bool = True):
+    import qviz
+    from qviz.data import digits_loaders, digits_model
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
+    gm = qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
+    config = get_symmetric_quantization_config(is_per_channel=True, switchable=switchable)
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    return qviz.calibrate(prepared, calib, progress=False)
+
+
+@pytest.fixture(scope="session")
+def calibrated_digits():
+    """``calibrated_digits(switchable=True)``: a fresh digits model, prepared for XNNPACK
+    (per-channel weights) and calibrated on the calibration split."""
+    return _calibrated_digits

@@ -4,23 +4,13 @@ import pytest
 import torch
 
 import qviz
-from qviz.data import digits_loaders, digits_model
 from qviz.engine.choices import choose_range
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 
 
-def _prepared(switchable=True):
-    calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
-    gm = qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
-    config = get_symmetric_quantization_config(is_per_channel=True, switchable=switchable)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    return qviz.calibrate(prepared, calib, progress=False)
-
-
 @pytest.fixture
-def prepared():
-    return _prepared()
+def prepared(calibrated_digits):
+    return calibrated_digits()
 
 
 def test_one_observer_choice_is_recorded_and_converted(prepared):
@@ -47,8 +37,8 @@ def test_apply_to_all_and_percentile(prepared):
     assert all(prepared.get_submodule(r.observer).percentile == 99.9 for r in records)
 
 
-def test_refusals_change_nothing():
-    prepared = _prepared(switchable=False)
+def test_refusals_change_nothing(calibrated_digits):
+    prepared = calibrated_digits(switchable=False)
     with pytest.raises(ConfigError, match="switchable=True"):
         choose_range(prepared, "entropy")
     assert all(g.choice is None for g in prepared.plan.groups)

@@ -8,7 +8,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -20,34 +19,15 @@ from qviz.widgets.dashboard import NumericDashboard
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs graphviz's dot")
 
 
-class ThreeConvs(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
-        self.fc = nn.Linear(8, 4)
-
-    def forward(self, x):
-        x = torch.relu(self.conv1(x))
-        x = torch.relu(self.conv2(x))
-        x = torch.relu(self.conv3(x))
-        return self.fc(x.mean((2, 3)))
-
-
 def agreement(float_out, quant_out, target):
     """Share of samples where the quantized model picks the float model's class."""
     return float((quant_out.argmax(1) == float_out.argmax(1)).float().mean())
 
 
 @pytest.fixture(scope="module")
-def broken():
+def broken(make_broken_model):
     """conv2 holds one huge weight (on a dead input channel): per-tensor weights ruin it."""
-    torch.manual_seed(0)
-    model = ThreeConvs().eval()
-    with torch.no_grad():
-        model.conv1.bias[0] = -100.0
-        model.conv2.weight[0, 0, 1, 1] = 200 * model.conv2.weight.abs().max()
+    model = make_broken_model()
     data = [torch.randn(16, 3, 12, 12) for _ in range(3)]
     gm = qviz.export(model, (data[0],), dynamic_batch=True)
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())

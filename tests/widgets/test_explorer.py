@@ -11,17 +11,9 @@ from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_
 from qviz.widgets import CalibrationExplorer
 
 
-def _prepared(switchable=True):
-    calib = [x for x, _ in digits_loaders(batch_size=90).calibration]
-    gm = qviz.export(digits_model(), (calib[0],), dynamic_batch=True)
-    config = get_symmetric_quantization_config(is_per_channel=True, switchable=switchable)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    return qviz.calibrate(prepared, calib, progress=False)
-
-
 @pytest.fixture
-def explorer():
-    return CalibrationExplorer(_prepared())
+def explorer(calibrated_digits):
+    return CalibrationExplorer(calibrated_digits())
 
 
 def _line_x(svg, method):
@@ -104,8 +96,8 @@ def test_controls_call_the_python_equivalents(explorer):
     assert explorer.choices == {explorer.state.observer: "entropy"}
 
 
-def test_observers_without_switchable_statistics_show_their_own_method():
-    ex = CalibrationExplorer(_prepared(switchable=False), graph=False)
+def test_observers_without_switchable_statistics_show_their_own_method(calibrated_digits):
+    ex = CalibrationExplorer(calibrated_digits(switchable=False), graph=False)
     assert [r["method"] for r in ex.rows] == ["l2"]
     assert "switchable=True" in ex._status.value
     ex.set(method="entropy")
@@ -120,7 +112,7 @@ def test_rejects_models_without_histograms():
 
 
 def test_choices_travel_as_overrides(explorer):
-    from qviz.engine.quantizers import OverrideQuantizer, XNNPACKQuantizer
+    from qviz.engine.quantizers import OverrideQuantizer
 
     explorer.select("relu_2").set(method="percentile", percentile=99.9).use_range()
     explorer.select("relu").set(method="mse").use_range()
