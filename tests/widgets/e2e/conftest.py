@@ -57,6 +57,20 @@ _ENV_DIRS = (
     "JUPYTERLAB_SETTINGS_DIR",
     "JUPYTERLAB_WORKSPACES_DIR",
 )
+#: The JavaScript that runs code on the notebook's kernel (outside any cell) and returns stdout.
+_KERNEL_RUN = """
+async (code) => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  const future = kernel.requestExecute({ code, store_history: false });
+  let out = "", err = "";
+  future.onIOPub = (msg) => {
+    if (msg.header.msg_type === "stream") out += msg.content.text;
+    if (msg.header.msg_type === "error") err += `${msg.content.ename}: ${msg.content.evalue}`;
+  };
+  await future.done;
+  return { out, err };
+}
+"""
 _NO_NEWS = {"fetchNews": "false", "checkForUpdates": False}
 _PROMPT_DONE = re.compile(r"^\[\d+\]:$")
 
@@ -213,6 +227,14 @@ class Lab:
         else:
             self.blocked.append(url)
             route.abort()
+
+    @staticmethod
+    def kernel_json(page: Any, expression: str) -> Any:
+        """``expression`` evaluated in the open notebook's kernel, sent back as JSON."""
+        code = f"import json as _json\nprint(_json.dumps({expression}))"
+        result = page.evaluate(_KERNEL_RUN, code)
+        assert not result["err"], f"the kernel raised on {expression!r}: {result['err']}"
+        return json.loads(result["out"])
 
     def open_notebook(self, cells: list[str], name: str = "e2e.ipynb") -> Any:
         """Write ``cells`` as a notebook, open it, run every cell; returns the page."""

@@ -5,7 +5,6 @@ engine's message and changes nothing, and a module cluster collapses and expands
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -26,29 +25,6 @@ ed = AnnotationEditor(gm)
 """
 
 SHOW = "ed"
-
-#: The JavaScript that runs code on the notebook's kernel (outside any cell) and returns stdout.
-_KERNEL_RUN = """
-async (code) => {
-  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-  const future = kernel.requestExecute({ code, store_history: false });
-  let out = "", err = "";
-  future.onIOPub = (msg) => {
-    if (msg.header.msg_type === "stream") out += msg.content.text;
-    if (msg.header.msg_type === "error") err += `${msg.content.ename}: ${msg.content.evalue}`;
-  };
-  await future.done;
-  return { out, err };
-}
-"""
-
-
-def kernel_json(page: Any, expression: str) -> Any:
-    """``expression`` evaluated in the notebook's kernel, sent back as JSON."""
-    code = f"import json as _json\nprint(_json.dumps({expression}))"
-    result = page.evaluate(_KERNEL_RUN, code)
-    assert not result["err"], f"the kernel raised on {expression!r}: {result['err']}"
-    return json.loads(result["out"])
 
 
 def _group(page: Any, kind: str, title: str) -> Any:
@@ -109,7 +85,7 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     page.locator("table.qviz-annotation td", has_text=re.compile("^uint8$")).first.wait_for()
     assert _dropdown(page, "dtype").input_value() == "(keep)"  # the controls reset after Apply
     expected = {"relu": {"dtype": "uint8"}}
-    state = kernel_json(
+    state = lab.kernel_json(
         page,
         "{'overrides': ed.overrides, 'quantizer': ed.quantizer.overrides, 'error': ed.error,"
         " 'quant_max': ed.plan.group_of('relu').spec.quant_max}",
@@ -124,7 +100,7 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     page.get_by_role("button", name="Apply").click()
     warning = page.get_by_text(re.compile("⚠ .*sharing cycle"))
     warning.wait_for(timeout=10_000)
-    state = kernel_json(page, "{'overrides': ed.overrides, 'error': ed.error}")
+    state = lab.kernel_json(page, "{'overrides': ed.overrides, 'error': ed.error}")
     assert state["overrides"] == expected
     assert "sharing cycle" in state["error"]
     assert _svg_digest(page) == after_edit  # a refusal does not redraw
@@ -136,13 +112,13 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     box.wait_for(state="attached", timeout=15_000)
     assert _group(page, "cluster", "cluster_block").count() == 0
     assert _group(page, "node", "conv2d_1").count() == 0  # block.conv1 is inside the box
-    assert kernel_json(page, "ed.collapsed") == ["block"]
+    assert lab.kernel_json(page, "ed.collapsed") == ["block"]
     page.screenshot(path=screenshots / "editor-5-block-collapsed.png")
     box.click()
     _group(page, "cluster", "cluster_block").wait_for(state="attached", timeout=15_000)
     assert _group(page, "node", "module/block").count() == 0
     assert _group(page, "node", "conv2d_1").count() == 1
-    assert kernel_json(page, "{'collapsed': ed.collapsed, 'overrides': ed.overrides}") == {
+    assert lab.kernel_json(page, "{'collapsed': ed.collapsed, 'overrides': ed.overrides}") == {
         "collapsed": [],
         "overrides": expected,
     }

@@ -4,7 +4,6 @@ and the table and status follow."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -32,34 +31,13 @@ SHOW = "ex"
 
 OBSERVER = "observer_7"  # relu_2, the residual block's output (not the first observer)
 
-#: The JavaScript that runs code on the notebook's kernel (outside any cell) and returns stdout.
-_KERNEL_RUN = """
-async (code) => {
-  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-  const future = kernel.requestExecute({ code, store_history: false });
-  let out = "", err = "";
-  future.onIOPub = (msg) => {
-    if (msg.header.msg_type === "stream") out += msg.content.text;
-    if (msg.header.msg_type === "error") err += `${msg.content.ename}: ${msg.content.evalue}`;
-  };
-  await future.done;
-  return { out, err };
-}
-"""
 
-
-def kernel_json(page: Any, expression: str) -> Any:
-    """``expression`` evaluated in the notebook's kernel, sent back as JSON."""
-    code = f"import json as _json\nprint(_json.dumps({expression}))"
-    result = page.evaluate(_KERNEL_RUN, code)
-    assert not result["err"], f"the kernel raised on {expression!r}: {result['err']}"
-    return json.loads(result["out"])
-
-
-def _wait_kernel(page: Any, expression: str, expected: Any, timeout_s: float = 10) -> None:
+def _wait_kernel(
+    lab: Any, page: Any, expression: str, expected: Any, timeout_s: float = 10
+) -> None:
     """Poll the kernel until ``expression`` equals ``expected`` (widget updates are batched)."""
     deadline = time.monotonic() + timeout_s
-    while (value := kernel_json(page, expression)) != expected:
+    while (value := lab.kernel_json(page, expression)) != expected:
         assert time.monotonic() < deadline, f"{expression} = {value!r}, expected {expected!r}"
         page.wait_for_timeout(200)
 
@@ -118,13 +96,13 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
     labels = observer.locator("option").all_inner_texts()
     observer.select_option(label=next(t for t in labels if t.startswith(f"{OBSERVER}:")))
     _wait_text_change(page, "table.qviz-calib", old_table)
-    assert kernel_json(page, "ex.state.observer") == OBSERVER
+    assert lab.kernel_json(page, "ex.state.observer") == OBSERVER
 
     # the entropy toggle button: the highlighted row follows
     toggles = page.locator(".widget-toggle-buttons button")
     toggles.filter(has_text=re.compile("^entropy$")).click()
     _wait_highlighted(page, "entropy")
-    assert kernel_json(page, "ex.state.method") == "entropy"
+    assert lab.kernel_json(page, "ex.state.method") == "entropy"
     page.screenshot(path=screenshots / "explorer-2-entropy.png")
 
     # percentile, then the slider moved with the keyboard: the percentile row's range moves
@@ -139,10 +117,9 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
     for _ in range(10):
         handle.press("ArrowLeft")
     assert readout.inner_text().strip() == "99.980"  # ten steps of 0.001
-    _wait_kernel(
-        page, "round(ex.state.percentile, 6)", 99.98
-    )  # the last key's value reached the kernel
-    high = kernel_json(page, "next(r['high'] for r in ex.rows if r['method'] == 'percentile')")
+    # the last key's value reached the kernel
+    _wait_kernel(lab, page, "round(ex.state.percentile, 6)", 99.98)
+    high = lab.kernel_json(page, "next(r['high'] for r in ex.rows if r['method'] == 'percentile')")
     expected = f"{high:.4g}]"
     _row(page, "percentile").filter(has_text=expected).wait_for(timeout=10_000)
     assert _row(page, "percentile").inner_text() != before
@@ -153,7 +130,7 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
     page.get_by_role("button", name="Use this range").click()
     page.get_by_text(re.compile("user choice: percentile 99.98")).wait_for(timeout=10_000)
     _row(page, "percentile").filter(has_text="★").wait_for(timeout=10_000)
-    assert kernel_json(page, "ex.choices") == {OBSERVER: "percentile 99.98"}
+    assert lab.kernel_json(page, "ex.choices") == {OBSERVER: "percentile 99.98"}
     page.screenshot(path=screenshots / "explorer-4-chosen.png")
     output.screenshot(path=screenshots / "explorer-4-widget.png")
 
