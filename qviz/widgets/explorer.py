@@ -36,7 +36,7 @@ from typing import Any
 from qviz.engine.choices import choose_range
 from qviz.engine.observers import HistogramObserver
 from qviz.errors import ConfigError, QvizError
-from qviz.viz.histogram_svg import histogram_svg, rows_html
+from qviz.viz.histogram_svg import histogram_svg
 from qviz.viz.histograms import HistogramData, histogram_data
 
 __all__ = ["CalibrationExplorer", "ExplorerState"]
@@ -305,11 +305,6 @@ def _merge(parts: list[HistogramData]) -> HistogramData:
     return dataclasses.replace(
         parts[0], rows=tuple(rows[m] for m in methods), lines=tuple(lines.values())
     )
-
-
-def table_html(rows: list[dict[str, Any]], considered: str, chosen: str | None) -> str:
-    """The methods table; the considered method's row highlighted, the user's choice starred."""
-    return rows_html(rows, highlight=considered, chosen=chosen)
 
 
 def histogram_of(explorer: CalibrationExplorer) -> str:

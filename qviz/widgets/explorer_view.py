@@ -117,7 +117,8 @@ def _graph(explorer: Any) -> Any:
 
 def refresh_view(explorer: Any) -> None:
     """Show the explorer's state: controls, histogram, table, status."""
-    from qviz.widgets.explorer import histogram_of, table_html
+    from qviz.viz.histogram_svg import rows_html
+    from qviz.widgets.explorer import histogram_of
 
     st = explorer.state
     explorer._syncing = True
@@ -132,7 +133,7 @@ def refresh_view(explorer: Any) -> None:
     explorer._percentile.disabled = st.method != "percentile"
     explorer._histogram.value = histogram_of(explorer)
     chosen = explorer.choices.get(st.observer)
-    explorer._table.value = table_html(explorer.rows, st.method, chosen)
+    explorer._table.value = rows_html(explorer.rows, highlight=st.method, chosen=chosen)
     explorer._status.value = _status(explorer, chosen)
 
 
