@@ -182,8 +182,8 @@ def _worst_layers(exported: Any, quantized: Any, test: Any) -> Any:
     ns = compare(exported, quantized, test, progress=False)
     print(f"  output SQNR (logits, int8 vs float): {ns.output_sqnr:.2f} dB")
     print("  five worst operators by local SQNR (own error; cumulative includes upstream):")
-    worst = ns.worst(5)[["node", "op", "module", "local_sqnr", "sqnr"]]
-    table = worst.rename(columns={"local_sqnr": "local dB", "sqnr": "cumulative dB"})
+    worst = ns.worst(5)[["node", "op", "module", "local_sqnr", "cumulative_sqnr"]]
+    table = worst.rename(columns={"local_sqnr": "local dB", "cumulative_sqnr": "cumulative dB"})
     lines = table.to_string(index=False, float_format=lambda v: f"{v:.2f}").splitlines()
     print("\n".join(f"    {line}" for line in lines))
     return ns

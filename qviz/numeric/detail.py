@@ -42,7 +42,7 @@ class LayerDetail:
     Attributes:
         node: the operator (node name of the quantized model).
         sqnr: dB, its quantized output (as the next operator sees it) against the float one over
-            the whole sample batch: the report's cumulative ``sqnr`` measured on one batch.
+            the whole sample batch: the report's ``cumulative_sqnr`` measured on one batch.
         numel: how many output values the sample batch gave.
         float_values, quantized_values: a random subsample (at most 5000, seed 0) of both, as
             numpy arrays, for the scatter.

@@ -3,7 +3,7 @@
 Example:
     >>> import pandas as pd
     >>> df = pd.DataFrame({"node": ["conv2d", "relu"], "local_sqnr": [35.0, 40.0],
-    ...                    "sqnr": [35.0, 33.0]})
+    ...                    "cumulative_sqnr": [35.0, 33.0]})
     >>> fig = sqnr_bars(df)
     >>> [t.get_text() for t in fig.axes[0].get_yticklabels()]
     ['conv2d', 'relu']
@@ -50,7 +50,7 @@ def sqnr_bars(df: Any, *, top: int | None = None, title: str = "") -> Any:
         keep = df.sort_values("local_sqnr", kind="stable").head(top).index
         df = df.loc[sorted(keep)]
     labels = [str(n) for n in df["node"]]
-    local, cumulative = _finite(list(df["local_sqnr"])), _finite(list(df["sqnr"]))
+    local, cumulative = _finite(list(df["local_sqnr"])), _finite(list(df["cumulative_sqnr"]))
     height = max(2.5, 0.28 * len(labels) + 1.2)
     fig = _figure(figsize=(8, height), layout="constrained")
     ax = fig.subplots()

@@ -2,26 +2,34 @@
 
 One row per quantized operator, in graph order. Its columns:
 
-==============  ==============================================================================
-node, op        the operator's node name (as in the plan and the graphs) and ATen op
-module          the innermost module it came from (``nn_module_stack``)
-local_sqnr      dB: the operator's own error (fed the float model's inputs); low = the culprit
-sqnr            dB: cumulative error (the quantized model end to end) against the float output
-mse, cosine,    the same cumulative comparison as mean squared error, cosine similarity and
-max_abs_err     largest absolute error
-local_mse       the local comparison's mean squared error
-weight_sqnr     dB: the quantized weight against the float one (BatchNorm folded in), or NaN
-float_min/max   the float output's range over the data
-grid_min/max    the range its output quantization can represent, ``scale * (q - zero_point)``
-clipped         share of float output values more than half a step beyond the grid
-rmse_scale      RMS error of fake-quantizing the float output, in steps: ~0.29 is pure
-                rounding noise; much larger means clipping or outliers
-handle          the debug handle matched on
-==============  ==============================================================================
+======================  ======================================================================
+node, op                the operator's node name (as in the plan and the graphs) and ATen op
+module                  the innermost module it came from (``nn_module_stack``)
+local_sqnr              dB: the operator's own error (fed the float model's inputs); low = the
+                        culprit
+local_mse               the local comparison's mean squared error
+cumulative_sqnr         dB: cumulative error (the quantized model end to end, everything
+                        upstream included) against the float output
+cumulative_mse,         the same cumulative comparison as mean squared error, cosine
+cumulative_cosine,      similarity and largest absolute error
+cumulative_max_abs_err
+weight_sqnr             dB: the quantized weight against the float one (BatchNorm folded in),
+                        or NaN
+float_min/max           the float output's range over the data
+grid_min/max            the range its output quantization can represent,
+                        ``scale * (q - zero_point)``
+clipped                 share of float output values more than half a step beyond the grid
+rmse_scale              RMS error of fake-quantizing the float output, in steps: ~0.29 is pure
+                        rounding noise; much larger means clipping or outliers
+handle                  the debug handle matched on
+======================  ======================================================================
+
+Every column says which comparison it comes from: ``local_*`` the operator alone,
+``cumulative_*`` the quantized model end to end.
 
 Example:
     >>> r = NumericReport.from_table([{"node": "conv2d", "op": "conv2d", "local_sqnr": 31.0,
-    ...                                "sqnr": 29.5}], output_sqnr=28.0)
+    ...                                "cumulative_sqnr": 29.5}], output_sqnr=28.0)
     >>> r.worst(1)["node"].tolist(), r.output_sqnr
     (['conv2d'], 28.0)
 """
@@ -43,10 +51,10 @@ COLUMNS = (
     "op",
     "module",
     "local_sqnr",
-    "sqnr",
-    "mse",
-    "cosine",
-    "max_abs_err",
+    "cumulative_sqnr",
+    "cumulative_mse",
+    "cumulative_cosine",
+    "cumulative_max_abs_err",
     "local_mse",
     "weight_sqnr",
     "float_min",
@@ -81,10 +89,10 @@ def _row_dict(r: Any) -> dict[str, Any]:
         "op": _op(r.node),
         "module": _module_path(r.node),
         "local_sqnr": local.sqnr if local is not None and local.count else nan,
-        "sqnr": r.cumulative.sqnr if r.cumulative.count else nan,
-        "mse": r.cumulative.mse,
-        "cosine": r.cumulative.cosine if r.cumulative.count else nan,
-        "max_abs_err": r.cumulative.max_abs if r.cumulative.count else nan,
+        "cumulative_sqnr": r.cumulative.sqnr if r.cumulative.count else nan,
+        "cumulative_mse": r.cumulative.mse,
+        "cumulative_cosine": r.cumulative.cosine if r.cumulative.count else nan,
+        "cumulative_max_abs_err": r.cumulative.max_abs if r.cumulative.count else nan,
         "local_mse": local.mse if local is not None else nan,
         "weight_sqnr": r.weight_sqnr,
         "float_min": grid.low if grid is not None and grid.count else nan,
@@ -107,9 +115,10 @@ class NumericReport:
         batches, samples: how much data was compared.
 
     Example:
-        >>> r = NumericReport.from_table([{"node": "a", "local_sqnr": 40.0, "sqnr": 39.0},
-        ...                                {"node": "b", "local_sqnr": 12.0, "sqnr": 11.0}])
-        >>> r.worst(1, by="sqnr")["node"].tolist()
+        >>> r = NumericReport.from_table([
+        ...     {"node": "a", "local_sqnr": 40.0, "cumulative_sqnr": 39.0},
+        ...     {"node": "b", "local_sqnr": 12.0, "cumulative_sqnr": 11.0}])
+        >>> r.worst(1, by="cumulative_sqnr")["node"].tolist()
         ['b']
     """
 
@@ -153,7 +162,11 @@ class NumericReport:
         """The ``n`` rows with the lowest ``by`` (a numeric column), worst first."""
         if by not in self.df.columns or self.df[by].dtype.kind not in "fiu":
             numeric = [c for c in self.df.columns if self.df[c].dtype.kind in "fiu"]
-            raise ConfigError(f"worst(by={by!r}): not a numeric column; choose one of {numeric}")
+            renamed = f"cumulative_{by}" if f"cumulative_{by}" in numeric else None
+            hint = f" (the cumulative one is named {renamed!r})" if renamed else ""
+            raise ConfigError(
+                f"worst(by={by!r}): not a numeric column{hint}; choose one of {numeric}"
+            )
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"worst(n={n!r}): n must be a positive int")
         return self.df.sort_values(by, kind="stable", na_position="last").head(n)

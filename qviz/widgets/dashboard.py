@@ -62,15 +62,16 @@ __all__ = [
 
 #: What the table sorts by: graph order, or a report column, worst first.
 SORT_COLUMNS = (
-    "graph", "local_sqnr", "sqnr", "weight_sqnr", "cosine", "mse", "local_mse", "max_abs_err",
+    "graph", "local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine", "cumulative_mse",
+    "local_mse", "cumulative_max_abs_err",
     "clipped", "rmse_scale",
 )  # fmt: skip
 #: Columns where higher is better (sorted ascending to put the worst first).
-_HIGHER_IS_BETTER = frozenset({"local_sqnr", "sqnr", "weight_sqnr", "cosine"})
+_HIGHER_IS_BETTER = frozenset({"local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine"})
 #: What the graph can be coloured by (green is good: high SQNR or cosine, low errors).
 COLOR_COLUMNS = (
-    "local_sqnr", "sqnr", "weight_sqnr", "cosine", "mse", "local_mse", "max_abs_err", "clipped",
-    "rmse_scale",
+    "local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine", "cumulative_mse",
+    "local_mse", "cumulative_max_abs_err", "clipped", "rmse_scale",
 )  # fmt: skip
 
 
@@ -129,9 +130,9 @@ class NumericDashboard:
 
     Example:
         >>> from qviz.numeric import NumericReport
-        >>> r = NumericReport.from_table([{"node": "a", "local_sqnr": 40.0, "sqnr": 39.0},
-        ...                                {"node": "b", "local_sqnr": 12.0, "sqnr": 11.0}],
-        ...                               output_sqnr=11.0)
+        >>> rows = [{"node": "a", "local_sqnr": 40.0, "cumulative_sqnr": 39.0},
+        ...         {"node": "b", "local_sqnr": 12.0, "cumulative_sqnr": 11.0}]
+        >>> r = NumericReport.from_table(rows, output_sqnr=11.0)
         >>> d = NumericDashboard(r)
         >>> d.state.selected, [row["node"] for row in d.rows]   # worst local SQNR first
         ('b', ['b', 'a'])

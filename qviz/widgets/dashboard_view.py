@@ -2,7 +2,7 @@
 refreshed from its state after every change (the controls only call its Python methods).
 
 Example:
-    >>> row_label({"node": "conv2d_1", "op": "conv2d", "local_sqnr": 2.5, "sqnr": 1.25,
+    >>> row_label({"node": "conv2d_1", "op": "conv2d", "local_sqnr": 2.5, "cumulative_sqnr": 1.25,
     ...            "weight_sqnr": float("nan"), "fallback": False})
     'conv2d_1             conv2d          2.50    1.25       -'
     >>> runs = [{"fallback": [], "output_sqnr": 12.0, "metric": None},
@@ -36,7 +36,7 @@ def row_label(row: dict[str, Any]) -> str:
     head = f"{str(row['node'])[:20]:<20} {str(row.get('op', ''))[:12]:<12}"
     if row.get("fallback"):
         return f"{head}  in float (fallback)"
-    cols = (row.get("local_sqnr"), row.get("sqnr"), row.get("weight_sqnr"))
+    cols = (row.get("local_sqnr"), row.get("cumulative_sqnr"), row.get("weight_sqnr"))
     return head + "".join(f"{_num(v):>8}" for v in cols)
 
 

@@ -35,9 +35,11 @@ def test_downstream_layers_inherit_the_error_but_make_none(broken):
     *_, report = broken
     df = report.df.set_index("node")
     for node in ("relu_1", "conv2d_2", "relu_2", "mean"):
-        assert df.loc[node, "sqnr"] < 10.0, node  # cumulative: the broken input propagates
+        assert df.loc[node, "cumulative_sqnr"] < 10.0, (
+            node
+        )  # cumulative: the broken input propagates
         assert df.loc[node, "local_sqnr"] > 40.0, node  # local: fed float inputs, they are fine
-    assert df.loc["relu", "sqnr"] > 35.0  # upstream of the broken conv nothing is wrong
+    assert df.loc["relu", "cumulative_sqnr"] > 35.0  # upstream of the broken conv nothing is wrong
     assert report.output_sqnr < 25.0
 
 

@@ -59,13 +59,15 @@ def test_model_figures_match_a_direct_computation(digits, report):
 def test_first_operator_local_equals_cumulative(report):
     first = report.df.iloc[0]  # its input is the model input: no inherited error
     assert first["node"] == "conv2d"
-    assert first["local_sqnr"] == pytest.approx(first["sqnr"], abs=1e-9)
+    assert first["local_sqnr"] == pytest.approx(first["cumulative_sqnr"], abs=1e-9)
 
 
 def test_local_is_never_much_worse_than_cumulative_on_a_healthy_model(report):
     df = report.df
-    assert (df["local_sqnr"] >= df["sqnr"] - 1.0).all()  # error accumulates along the graph
-    assert (df["local_sqnr"] > 35.0).all() and (df["cosine"] > 0.999).all()
+    assert (
+        df["local_sqnr"] >= df["cumulative_sqnr"] - 1.0
+    ).all()  # error accumulates along the graph
+    assert (df["local_sqnr"] > 35.0).all() and (df["cumulative_cosine"] > 0.999).all()
 
 
 def test_grid_columns_read_the_output_quantization(digits, report):
@@ -93,7 +95,14 @@ def test_streaming_equals_one_big_batch(digits, report):
     _, gm, _, quantized, test = digits
     big = [(torch.cat([x for x, _ in test]), torch.cat([y for _, y in test]))]
     one = compare(gm, quantized, big, metric=accuracy, progress=False)
-    for col in ("sqnr", "local_sqnr", "mse", "max_abs_err", "clipped", "rmse_scale"):
+    for col in (
+        "cumulative_sqnr",
+        "local_sqnr",
+        "cumulative_mse",
+        "cumulative_max_abs_err",
+        "clipped",
+        "rmse_scale",
+    ):
         a, b = report.df[col].to_numpy(), one.df[col].to_numpy()
         assert a == pytest.approx(b, rel=1e-5, abs=1e-9, nan_ok=True), col
     assert one.metric == pytest.approx(report.metric)
@@ -102,12 +111,14 @@ def test_streaming_equals_one_big_batch(digits, report):
 def test_the_float_module_itself_gives_the_same_report(digits, report):
     model, _, _, quantized, test = digits
     again = compare(model, quantized, test, progress=False)  # exported inside, same handles
-    assert again.df["sqnr"].to_numpy() == pytest.approx(report.df["sqnr"].to_numpy())
+    assert again.df["cumulative_sqnr"].to_numpy() == pytest.approx(
+        report.df["cumulative_sqnr"].to_numpy()
+    )
 
 
 def test_report_views(tmp_path, report):
-    worst = report.worst(3, by="sqnr")
-    assert worst["sqnr"].is_monotonic_increasing and len(worst) == 3
+    worst = report.worst(3, by="cumulative_sqnr")
+    assert worst["cumulative_sqnr"].is_monotonic_increasing and len(worst) == 3
     with pytest.raises(ConfigError, match="not a numeric column"):
         report.worst(by="node")
     fig = report.plot()
@@ -151,8 +162,10 @@ def test_inplace_relu_does_not_corrupt_the_recorded_output():
     inplace, plain = build(True), build(False)
     assert inplace["op"].tolist() == ["conv2d", "relu_"] and plain["op"][1] == "relu"
     # the conv is compared before relu_ overwrites its output, exactly as without in-place
-    assert inplace["sqnr"].to_numpy() == pytest.approx(plain["sqnr"].to_numpy(), abs=1e-9)
-    assert inplace["sqnr"].iloc[0] > 30.0
+    assert inplace["cumulative_sqnr"].to_numpy() == pytest.approx(
+        plain["cumulative_sqnr"].to_numpy(), abs=1e-9
+    )
+    assert inplace["cumulative_sqnr"].iloc[0] > 30.0
 
 
 def test_bad_input_gets_a_clear_error(digits):
@@ -203,7 +216,7 @@ def test_sensitivity_with_a_metric_ranks_by_it(digits):
 
 
 def test_report_from_plain_records():
-    r = NumericReport.from_table([{"node": "a", "local_sqnr": 1.0, "sqnr": 2.0}])
+    r = NumericReport.from_table([{"node": "a", "local_sqnr": 1.0, "cumulative_sqnr": 2.0}])
     assert list(r.df.columns)[:4] == ["node", "op", "module", "local_sqnr"]
     assert r.summary().startswith("1 quantized ops")
 
@@ -226,3 +239,13 @@ def test_solo_mode_measures_each_operators_cost_against_float(digits):
     assert df.attrs["float_metric"] == pytest.approx(float_accuracy)
     assert df["delta_metric"].to_numpy() == pytest.approx(df["metric"].to_numpy() - float_accuracy)
     assert df["metric"].is_monotonic_increasing  # the costliest operator first
+
+
+def test_every_error_column_says_which_comparison_it_comes_from():
+    from qviz.numeric.report import COLUMNS
+
+    errors = [c for c in COLUMNS if c.endswith(("sqnr", "mse", "cosine", "max_abs_err"))]
+    assert errors and all(c.startswith(("local_", "cumulative_", "weight_")) for c in errors)
+    r = NumericReport.from_table([{"node": "a", "local_sqnr": 1.0, "cumulative_sqnr": 2.0}])
+    with pytest.raises(ConfigError, match="the cumulative one is named 'cumulative_sqnr'"):
+        r.worst(1, by="sqnr")

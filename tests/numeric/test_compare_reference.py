@@ -207,7 +207,7 @@ def _agreement(run: dict) -> tuple[dict[str, float], set[str]]:
         if folded:
             left_out.add(name)
             continue
-        deltas[name] = abs(_ao_sqnr(summary) - df.loc[name, "sqnr"])
+        deltas[name] = abs(_ao_sqnr(summary) - df.loc[name, "cumulative_sqnr"])
     assert {float_nodes[n].target for n in left_out} == {torch.ops.aten.conv2d.default}
     return deltas, left_out
 
@@ -233,7 +233,7 @@ def test_digits_cumulative_sqnr_matches_a_recording_interpreter(digits):
     floats, quants = _record(fgm, digits["batches"]), _record(qgm, digits["batches"])
     assert set(df["node"]) == _quantized_ops(qgm)
     folded = 0
-    for name, sqnr in zip(df["node"], df["sqnr"], strict=True):
+    for name, sqnr in zip(df["node"], df["cumulative_sqnr"], strict=True):
         twin = _float_twin(fgm, name)  # a conv whose BatchNorm was folded: the BN's output
         folded += twin != name
         expected = _sqnr(floats[twin], quants[_probe(qgm, name)])
@@ -244,7 +244,7 @@ def test_digits_cumulative_sqnr_matches_a_recording_interpreter(digits):
 def test_the_first_ops_local_sqnr_is_its_cumulative_sqnr(digits):
     first = digits["report"].df.iloc[0]
     assert first["node"] == "conv2d"  # it reads the model input: nothing upstream to inherit
-    assert first["local_sqnr"] == pytest.approx(first["sqnr"], rel=1e-9)
+    assert first["local_sqnr"] == pytest.approx(first["cumulative_sqnr"], rel=1e-9)
 
 
 # -- 3. torchao's defects ----------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_i_inplace_relu_overwrites_torchaos_conv_but_not_qvizs():
     quant_conv = _record(run["q"], batches)[_probe(run["q"], "conv2d")]
     truth = _sqnr(float_conv, quant_conv)
     row = run["report"].df.set_index("node").loc["conv2d"]
-    assert row["sqnr"] == pytest.approx(truth, rel=1e-6)
+    assert row["cumulative_sqnr"] == pytest.approx(truth, rel=1e-6)
     assert min(float(t.min()) for t in float_conv) < -0.1  # the ReLU does change the output
 
     logged = run["ao"]["conv2d"].results
@@ -304,8 +304,8 @@ def test_ii_folded_batchnorm_torchao_compares_with_the_pre_bn_conv_qviz_with_the
     run = _run_both(model, batches)
     quant_conv = _record(run["q"], batches)[_probe(run["q"], "conv2d")]
     row = run["report"].df.set_index("node").loc["conv2d"]
-    assert row["sqnr"] == pytest.approx(_sqnr(float_bn, quant_conv), rel=1e-6)
-    assert row["sqnr"] > 30
+    assert row["cumulative_sqnr"] == pytest.approx(_sqnr(float_bn, quant_conv), rel=1e-6)
+    assert row["cumulative_sqnr"] > 30
 
     summary = run["ao"]["conv2d"]
     assert all(torch.equal(r.ref, f) for r, f in zip(summary.results, float_conv, strict=True))
@@ -334,8 +334,10 @@ def test_iii_a_module_called_twice_gets_a_row_per_call():
     recorded = _record(quantized, batches)
     for i, name in enumerate(["relu", "relu_1"]):
         expected = _sqnr(calls[i::2], recorded[_probe(quantized, name)])
-        assert df.loc[name, "sqnr"] == pytest.approx(expected, rel=1e-6)
-    assert abs(df.loc["relu", "sqnr"] - df.loc["relu_1", "sqnr"]) > 0.1  # two values, not one
+        assert df.loc[name, "cumulative_sqnr"] == pytest.approx(expected, rel=1e-6)
+    assert (
+        abs(df.loc["relu", "cumulative_sqnr"] - df.loc["relu_1", "cumulative_sqnr"]) > 0.1
+    )  # two values, not one
 
 
 def test_iv_fx_numeric_suite_fails_on_resnet18_qviz_compares_every_quantized_op():
@@ -358,4 +360,4 @@ def test_iv_fx_numeric_suite_fails_on_resnet18_qviz_compares_every_quantized_op(
     assert len(df) == 49 and set(df["node"]) == _quantized_ops(quantized)
     order = [n.name for n in quantized.graph.nodes]
     assert list(df["node"]) == sorted(df["node"], key=order.index)  # rows in graph order
-    assert df["node"].is_unique and df["sqnr"].gt(20).all()
+    assert df["node"].is_unique and df["cumulative_sqnr"].gt(20).all()

@@ -51,9 +51,9 @@ def test_opens_on_the_worst_layer_and_sorts_worst_first(broken):
     assert dash.state.selected == "conv2d_1" and dash.error is None
     assert dash.rows[0]["node"] == "conv2d_1"  # by local SQNR
     assert [r["node"] for r in dash.sort("graph").rows] == report.df["node"].tolist()
-    cumulative = [r["sqnr"] for r in dash.sort("sqnr").rows]
+    cumulative = [r["cumulative_sqnr"] for r in dash.sort("cumulative_sqnr").rows]
     assert cumulative == sorted(cumulative)  # low SQNR is bad: ascending
-    mse = [r["mse"] for r in dash.sort("mse").rows]
+    mse = [r["cumulative_mse"] for r in dash.sort("cumulative_mse").rows]
     assert mse == sorted(mse, reverse=True)  # high MSE is bad: descending
     assert dash._rows.options[0][1] == dash.rows[0]["node"]  # the control follows
     assert "conv2d_1" in dash._rows.options[0][0]
@@ -81,7 +81,7 @@ def test_detail_shows_the_layer_outputs_the_report_measured(broken):
     gm, _, data, quantized, _ = broken
     one = compare(gm, quantized, data[:1], progress=False)  # the detail's sample batch
     dash = _dashboard(broken)
-    for node, expected in zip(one.df["node"], one.df["sqnr"], strict=True):
+    for node, expected in zip(one.df["node"], one.df["cumulative_sqnr"], strict=True):
         detail = dash.detail(node)
         assert detail.sqnr == pytest.approx(expected, abs=0.05), node
     detail = dash.detail("conv2d_1")
@@ -165,9 +165,9 @@ def test_graph_heatmap_and_clicks_select_rows(broken):
     dash.select("relu")
     dash._graph.selected = "relu -> conv2d_1"  # an edge: its consumer
     assert dash.state.selected == "conv2d_1"
-    dash._color.value = "sqnr"
-    assert dash.state.color_by == "sqnr" and dash._graph.svg != svg
-    dash.color_by("mse")  # an error: the legend says low is green
+    dash._color.value = "cumulative_sqnr"
+    assert dash.state.color_by == "cumulative_sqnr" and dash._graph.svg != svg
+    dash.color_by("cumulative_mse")  # an error: the legend says low is green
     assert "mse: low (green) to high (red)" in dash._graph.svg
     dash._rows.value = "linear"  # a click on a row
     assert dash.state.selected == "linear" and dash._graph.selected == "linear"
@@ -194,7 +194,7 @@ def test_from_models_on_the_digits_model():
     assert len(dash.rows) == 15 and dash.history[0]["metric"] > 0.9
     worst = dash.state.selected
     assert worst == dash.report.worst(1)["node"].item()
-    expected = dash.report.df.set_index("node").loc[worst, "sqnr"]
+    expected = dash.report.df.set_index("node").loc[worst, "cumulative_sqnr"]
     assert dash.detail().sqnr == pytest.approx(expected, abs=0.05)  # one batch: the same batch
     direct = layer_detail(dash.float_model, quantized, worst, (images,))
     assert direct.sqnr == dash.detail().sqnr
