@@ -77,22 +77,17 @@ def _saved_bytes(module, example) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    import qviz
     from qviz.data import digits_loaders, digits_model, evaluate
-    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    from qviz.data.int8 import quantize_digits
 
     model = digits_model()
     loaders = digits_loaders(batch_size=args.batch_size)
     calib = [images for images, _ in loaders.calibration]
     example = (calib[0],)
-    exported = qviz.export(model, example, dynamic_batch=True)  # the short last batch too
     report_path = getattr(args, "report", None)
-    config = get_symmetric_quantization_config(
-        is_per_channel=not args.per_tensor, switchable=report_path is not None
+    exported, prepared, quantized = quantize_digits(
+        model, loaders, per_channel=not args.per_tensor, switchable=report_path is not None
     )  # switchable: the report's histograms show every calibration method's range
-    prepared = qviz.prepare_pt2e(exported, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, calib, progress=False)
-    quantized = qviz.convert_pt2e(prepared)
     test = loaders.test
     float_acc, int8_acc = evaluate(model, test), evaluate(quantized, test)
     plan = prepared.plan
@@ -194,20 +189,22 @@ def _main_job(args: argparse.Namespace) -> int:
 
 
 def _train_digits(args: argparse.Namespace) -> int:
-    import torch
-
-    from qviz.data import save_digits_checkpoint, train_digits_model
+    from qviz.data import digits_loaders, save_digits_checkpoint, train_digits_model
+    from qviz.data.checkpoint import build_fingerprint
+    from qviz.data.int8 import int8_accuracy
     from qviz.data.train import TrainConfig
 
     model, accuracy = train_digits_model(progress=True)
+    int8 = int8_accuracy(model, digits_loaders(batch_size=64))
     meta = {
         "float_test_accuracy": accuracy,
+        "int8_test_accuracy": int8,
         "recipe": TrainConfig.as_dict(),
-        "torch_version": torch.__version__.split("+")[0],
         "parameters": sum(p.numel() for p in model.parameters()),
+        **build_fingerprint(),
     }
     path = save_digits_checkpoint(model, meta, args.out)
-    print(f"float test accuracy {accuracy:.2%}; wrote {path} and its .json")
+    print(f"float test accuracy {accuracy:.2%}, int8 {int8:.2%}; wrote {path} and its .json")
     return 0
 
 

@@ -23,6 +23,7 @@ from qviz.errors import QvizError
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "build_fingerprint",
     "data_dir",
     "digits_metadata",
     "digits_model",
@@ -40,6 +41,38 @@ def data_dir() -> Path:
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parents[2] / "data"
+
+
+def build_fingerprint() -> dict[str, str]:
+    """What bitwise-identical training needs to match: the PyTorch release and the CPU.
+
+    The same recipe on another PyTorch release, another CPU instruction set or another CPU
+    model (whose vectorized and oneDNN kernels round differently) trains an equivalent model,
+    not the same bits; the checkpoint's metadata records all three so a reproduction can tell
+    which promise applies.
+
+    Example:
+        >>> sorted(build_fingerprint())
+        ['cpu', 'cpu_capability', 'torch_version']
+    """
+    return {
+        "torch_version": torch.__version__.split("+")[0],
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": _cpu_model(),
+    }
+
+
+def _cpu_model() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo; elsewhere what ``platform`` knows)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _paths(folder: Path | None) -> tuple[Path, Path]:
