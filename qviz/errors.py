@@ -13,6 +13,9 @@ Example:
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
     "AnnotationError",
     "CalibrationError",
@@ -20,6 +23,7 @@ __all__ = [
     "MissingDependencyError",
     "QuantizationError",
     "QvizError",
+    "closest_names",
 ]
 
 
@@ -45,3 +49,18 @@ class CalibrationError(QvizError, RuntimeError):
 
 class MissingDependencyError(QvizError, ImportError):
     """An optional package or system program is needed for this feature and is not installed."""
+
+
+def closest_names(name: str, known: Iterable[str], n: int = 3) -> str:
+    """The hint for a name that matches nothing: the closest known names, or that none is close.
+
+    Every place that takes a node or module name from the user says the same when it is a typo.
+
+    Example:
+        >>> closest_names("featurez", ["features", "classifier"])
+        "closest: ['features']"
+        >>> closest_names("zzz", ["features"])
+        'no close match'
+    """
+    close = difflib.get_close_matches(str(name), sorted(set(known)), n=n)
+    return f"closest: {close}" if close else "no close match"

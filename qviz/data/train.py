@@ -27,10 +27,12 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.fx import GraphModule
 from torch.utils.data import DataLoader
 
 from qviz.data.digits import digits_loaders
 from qviz.data.model import DigitsNet
+from qviz.engine.inputs import check_inputs, guard_errors
 
 __all__ = ["TrainConfig", "evaluate", "train_digits_model"]
 
@@ -69,13 +71,20 @@ def evaluate(model: nn.Module, loader: DataLoader) -> float:
     The model's train/eval mode is restored afterwards. Graphs from ``torch.export`` (exported,
     prepared, converted or loaded back) keep the mode they were captured in and refuse
     ``.eval()``; they are evaluated as they are.
+
+    Raises:
+        ConfigError: a batch that does not fit the exported graph (dtype, shape), named.
     """
     was_training = model.training
     switched = _set_mode(model, training=False)
     correct = total = 0
     try:
-        for images, labels in loader:
-            correct += int((model(images).argmax(1) == labels).sum())
+        for index, (images, labels) in enumerate(loader):
+            where = f"evaluate: batch {index}"
+            if isinstance(model, GraphModule):
+                check_inputs(model, (images,), where=where)
+            with guard_errors(where):
+                correct += int((model(images).argmax(1) == labels).sum())
             total += labels.numel()
     finally:
         if switched:

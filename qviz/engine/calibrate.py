@@ -20,30 +20,50 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
+from qviz.engine.inputs import check_inputs, guard_errors
+from qviz.engine.stage import Stage, model_stage
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["calibrate"]
 
 
-def _num_inputs(model: nn.Module) -> int | None:
-    if isinstance(model, GraphModule):
-        return sum(1 for n in model.graph.nodes if n.op == "placeholder")
-    return None
+def _check_prepared(model: nn.Module) -> None:
+    stage = model_stage(model)
+    if stage is Stage.CONVERTED:
+        raise CalibrationError(
+            "calibrate got a converted model (quantize/dequantize ops, no observers): there is "
+            "nothing left to calibrate; calibrate the model qviz.prepare_pt2e returned, before "
+            "qviz.convert_pt2e"
+        )
+    if stage is Stage.FLOAT:
+        raise CalibrationError(
+            f"calibrate got a {type(model).__name__} with no observers: it was never prepared; "
+            f"run prepared = qviz.prepare_pt2e(qviz.export(model, example_inputs), quantizer) "
+            f"and calibrate `prepared`"
+        )
 
 
-def _run(model: nn.Module, batch: Any, n_inputs: int | None, index: int) -> None:
+def _run(model: nn.Module, batch: Any, index: int) -> None:
+    where = f"calibration batch {index}"
+    if isinstance(batch, Mapping):
+        with guard_errors(where, CalibrationError):
+            model(**batch)
+        return
     if isinstance(batch, torch.Tensor):
-        model(batch)
-    elif isinstance(batch, Mapping):
-        model(**batch)
+        inputs: tuple[Any, ...] | list[Any] = (batch,)
     elif isinstance(batch, tuple | list):
-        # (inputs..., labels...): the model takes as many leading items as it has inputs
-        model(*batch[: n_inputs if n_inputs is not None else len(batch)])
+        inputs = batch
     else:
         raise CalibrationError(
-            f"calibration batch {index} is a {type(batch).__name__}; give tensors, tuples or lists "
+            f"{where} is a {type(batch).__name__}; give tensors, tuples or lists "
             f"of tensors (inputs first, labels after), or dicts of keyword inputs"
         )
+    if isinstance(model, GraphModule):
+        # (inputs..., labels...): the model takes as many leading items as it has inputs
+        inputs = inputs[: sum(1 for n in model.graph.nodes if n.op == "placeholder")]
+        check_inputs(model, inputs, where=where, error=CalibrationError)
+    with guard_errors(where, CalibrationError):
+        model(*inputs)
 
 
 def _batches(data: Any) -> Iterable[Any]:
@@ -73,6 +93,11 @@ def calibrate(
 
     Returns:
         ``model``, for chaining.
+
+    Raises:
+        CalibrationError: ``model`` has no observers (never prepared, or already converted); a
+            batch whose inputs do not match the exported ones (count, dtype, shape), named by
+            its index; no batches at all.
     """
     from tqdm.auto import tqdm
 
@@ -82,23 +107,14 @@ def calibrate(
     total = len(batches) if hasattr(batches, "__len__") else None
     if max_batches is not None:
         total = min(total, max_batches) if total is not None else max_batches
-    n_inputs = _num_inputs(model)
+    _check_prepared(model)
     seen = 0
     with torch.no_grad():
         bar = tqdm(batches, total=total, desc="calibrating", disable=not progress)
         for index, batch in enumerate(bar):
             if max_batches is not None and index >= max_batches:
                 break
-            try:
-                _run(model, batch, n_inputs, index)
-            except AssertionError as exc:  # torch.export's shape guards
-                if "Guard failed" not in str(exc):
-                    raise
-                raise CalibrationError(
-                    f"calibration batch {index} does not fit the shapes the model was exported "
-                    f"with ({exc}); export with dynamic_shapes (e.g. a dynamic batch dimension), "
-                    f"or drop the short last batch (DataLoader(..., drop_last=True))"
-                ) from exc
+            _run(model, batch, index)
             seen += 1
     if seen == 0:
         raise CalibrationError("calibrate got no batches: the data is empty")

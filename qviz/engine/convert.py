@@ -31,17 +31,13 @@ from torch.fx import GraphModule, Node
 from qviz.engine.compat import quantized_decomposed
 from qviz.engine.constants import get_attr_value
 from qviz.engine.plan import QParams, QuantPlan
+from qviz.engine.stage import Stage, is_observer, model_stage
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["convert_pt2e", "is_observer"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_symmetric)
-
-
-def is_observer(module: nn.Module) -> bool:
-    """An observer: an nn.Module with ``calculate_qparams`` and a ``dtype`` (any implementation)."""
-    return callable(getattr(module, "calculate_qparams", None)) and hasattr(module, "dtype")
 
 
 def _saw_no_data(obs: nn.Module) -> bool:
@@ -167,8 +163,13 @@ def convert_pt2e(
         if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
     ]
     if not nodes:
+        converted = model_stage(model) is Stage.CONVERTED
         raise ConfigError(
-            "the model has no observers: convert_pt2e expects qviz.prepare_pt2e's result"
+            "convert_pt2e got a model that is already converted (quantize/dequantize ops, no "
+            "observers): use it as it is"
+            if converted
+            else "convert_pt2e got a model with no observers: it was never prepared; run "
+            "qviz.prepare_pt2e(exported, quantizer), calibrate the result, then convert that"
         )
     _check_calibrated(gm, nodes, plan)
     qparams: dict[str, QParams] = {}

@@ -45,6 +45,7 @@ from qviz.engine.specs import (
     QuantizationSpec,
     QuantizationSpecBase,
 )
+from qviz.engine.stage import Stage, model_stage
 from qviz.errors import AnnotationError, ConfigError
 
 __all__ = ["annotate_pt2e", "prepare_pt2e"]
@@ -180,6 +181,13 @@ def _check_inputs(model: Any, quantizer: Any, where: str) -> None:
         raise ConfigError(
             f"{where} needs the graph module qviz.export returns, got {type(model).__name__}: "
             f"call qviz.export(model.eval(), example_inputs) first"
+        )
+    if model_stage(model) is Stage.PREPARED:
+        raise ConfigError(
+            f"{where} got a model that is already prepared (it has observers): pass the float "
+            f"graph module you gave qviz.prepare_pt2e (what qviz.export returned), not its result; "
+            f"to change the quantization of a prepared model, prepare that float graph again with "
+            f"the new quantizer"
         )
     for method in ("annotate", "validate"):
         if not callable(getattr(quantizer, method, None)):

@@ -5,7 +5,7 @@ and whose next item (if any) is the target, as a ``(images, labels)`` DataLoader
 
 Example:
     >>> import torch
-    >>> inputs, target = split_batch((torch.ones(2, 3), torch.tensor([0, 1])), 1, 0)
+    >>> inputs, target = split_batch((torch.ones(2, 3), torch.tensor([0, 1])), None, 0, "compare")
     >>> len(inputs), target.tolist()
     (1, [0, 1])
 """
@@ -16,10 +16,19 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.fx import GraphModule
 
+from qviz.engine.inputs import check_inputs
 from qviz.errors import ConfigError
 
-__all__ = ["batch_size", "batches_of", "flat_tensors", "num_inputs", "split_batch"]
+__all__ = [
+    "batch_size",
+    "batches_of",
+    "checked_batches",
+    "flat_tensors",
+    "num_inputs",
+    "split_batch",
+]
 
 
 def batches_of(data: Any, where: str) -> Iterable[Any]:
@@ -34,22 +43,42 @@ def batches_of(data: Any, where: str) -> Iterable[Any]:
     )
 
 
-def split_batch(batch: Any, n_inputs: int, index: int) -> tuple[tuple[Any, ...], Any]:
-    """``(inputs, target)`` of one batch; ``target`` is None when the batch has none."""
+def split_batch(batch: Any, model: Any, index: int, where: str) -> tuple[tuple[Any, ...], Any]:
+    """``(inputs, target)`` of one batch, its inputs checked against ``model``'s exported ones.
+
+    ``target`` is None when the batch has none. For a graph module the inputs must match what
+    it was exported with (count, dtype, static dimensions), else a ConfigError names ``where``,
+    the batch and the input (:func:`qviz.engine.inputs.check_inputs`).
+    """
+    graph = model if isinstance(model, GraphModule) else None
+    n_inputs = num_inputs(graph) if graph is not None else 1
     if isinstance(batch, torch.Tensor):
-        return (batch,), None
-    if isinstance(batch, tuple | list):
+        inputs, target = (batch,), None
+    elif isinstance(batch, tuple | list):
         if len(batch) < n_inputs:
             raise ConfigError(
-                f"batch {index} has {len(batch)} items but the model takes {n_inputs} inputs; "
-                f"give (inputs..., target) tuples"
+                f"{where}: batch {index} has {len(batch)} items but the model takes {n_inputs} "
+                f"inputs; give (inputs..., target) tuples"
             )
         rest = batch[n_inputs:]
         target = rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
-        return tuple(batch[:n_inputs]), target
-    raise ConfigError(
-        f"batch {index} is a {type(batch).__name__}; give tensors or (inputs..., target) tuples"
-    )
+        inputs = tuple(batch[:n_inputs])
+    else:
+        raise ConfigError(
+            f"{where}: batch {index} is a {type(batch).__name__}; give tensors or "
+            f"(inputs..., target) tuples"
+        )
+    if graph is not None:
+        check_inputs(graph, inputs, where=f"{where}: batch {index}")
+    return inputs, target
+
+
+def checked_batches(data: Any, model: Any, where: str) -> list[Any]:
+    """The batches of ``data`` as a list, each checked with :func:`split_batch` first."""
+    batches = list(batches_of(data, where))
+    for index, batch in enumerate(batches):
+        split_batch(batch, model, index, where)
+    return batches
 
 
 def num_inputs(gm: Any) -> int:

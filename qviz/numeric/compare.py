@@ -59,7 +59,6 @@ from qviz.numeric.batches import (
     batch_size,
     batches_of,
     flat_tensors,
-    num_inputs,
     split_batch,
 )
 from qviz.numeric.report import NumericReport
@@ -376,17 +375,14 @@ def compare(
         raise ConfigError(
             f"metric must be a function (float_out, quant_out, target), got {metric!r}"
         )
-    n_inputs = num_inputs(quantized_model)
     batches = iter(batches_of(data, "compare"))
     first = next(batches, None)
     if first is None:
         raise ConfigError("compare needs at least one batch of data")
-    inputs, _ = split_batch(first, n_inputs, 0)
+    inputs, _ = split_batch(first, quantized_model, 0, "compare")
     fgm = float_graph_of(float_model, inputs)
     rows = _rows(quantized_model, fgm)
-    return _run(
-        fgm, quantized_model, rows, _chain_first(first, batches), n_inputs, metric, progress
-    )
+    return _run(fgm, quantized_model, rows, _chain_first(first, batches), metric, progress)
 
 
 def _needed(rows: list[_Row]) -> set[int]:
@@ -409,7 +405,7 @@ def _chain_first(first: Any, rest: Iterable[Any]) -> Iterable[Any]:
     yield from rest
 
 
-def _run(fgm, qgm, rows, batches, n_inputs, metric, progress) -> NumericReport:
+def _run(fgm, qgm, rows, batches, metric, progress) -> NumericReport:
     wanted = _needed(rows)
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
     outputs, metric_sum, samples, count = PairStats(), 0.0, 0, 0
@@ -417,7 +413,7 @@ def _run(fgm, qgm, rows, batches, n_inputs, metric, progress) -> NumericReport:
 
     with torch.no_grad():
         for index, batch in enumerate(progress_bar(batches, progress, "compare")):
-            inputs, target = split_batch(batch, n_inputs, index)
+            inputs, target = split_batch(batch, qgm, index, "compare")
             float_run = _FloatRun(fgm, float_handles, wanted)
             float_out = float_run.run(*inputs)
             quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*inputs)

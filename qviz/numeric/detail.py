@@ -25,7 +25,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qviz.engine.handles import float_handle, handle
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, closest_names
 from qviz.numeric.compare import output_probe
 from qviz.numeric.metrics import sqnr
 
@@ -91,7 +91,10 @@ def _node(gm: GraphModule, name: str) -> Node:
     for n in gm.graph.nodes:
         if n.name == name:
             return n
-    raise ConfigError(f"layer_detail: the quantized model has no node {name!r}")
+    known = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    raise ConfigError(
+        f"layer_detail: the quantized model has no node {name!r} ({closest_names(name, known)})"
+    )
 
 
 def layer_detail(

@@ -38,8 +38,8 @@ from qviz.errors import ConfigError
 from qviz.numeric.batches import (
     batch_size,
     batches_of,
+    checked_batches,
     flat_tensors,
-    num_inputs,
     split_batch,
 )
 from qviz.numeric.progress import progress_bar
@@ -84,9 +84,10 @@ def _check_graph(model: Any, where: str) -> None:
 class _Evaluator:
     """The float model's outputs on the data, kept (outputs only), and quantized models scored."""
 
-    def __init__(self, float_gm: GraphModule, data: Any, metric: Callable | None) -> None:
-        self.n_inputs = num_inputs(float_gm)
-        self.batches = [split_batch(b, self.n_inputs, i) for i, b in enumerate(data)]
+    def __init__(
+        self, float_gm: GraphModule, data: Any, metric: Callable | None, where: str
+    ) -> None:
+        self.batches = [split_batch(b, float_gm, i, where) for i, b in enumerate(data)]
         if not self.batches:
             raise ConfigError("the data has no batches")
         self.metric = metric
@@ -184,8 +185,9 @@ def sensitivity(
     batches = list(batches_of(data, "sensitivity"))
     calibration = batches
     if calibration_data is not None:
-        calibration = list(batches_of(calibration_data, "sensitivity"))
-    evaluator = _Evaluator(exported_model, batches, metric)
+        where = "sensitivity(calibration_data=...)"
+        calibration = checked_batches(calibration_data, exported_model, where)
+    evaluator = _Evaluator(exported_model, batches, metric, "sensitivity")
     full = qviz.prepare_pt2e(exported_model, quantizer)
     ops = _quantized_ops(full.plan, exported_model)
     qviz.calibrate(full, calibration, progress=False)
@@ -268,10 +270,11 @@ def compare_configs(
         )
     from qviz.numeric.compare import compare
 
-    batches = list(batches_of(data, "compare_configs"))
+    batches = checked_batches(data, exported_model, "compare_configs")
     calibration = batches
     if calibration_data is not None:
-        calibration = list(batches_of(calibration_data, "compare_configs"))
+        where = "compare_configs(calibration_data=...)"
+        calibration = checked_batches(calibration_data, exported_model, where)
     frames, output_sqnr = [], {}
     for name, config in progress_bar(list(configs.items()), progress, "configs"):
         quantized = _quantize(exported_model, _quantizer_of(name, config), calibration)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, closest_names
 from qviz.viz.stages import GraphView, ViewEdge, ViewNode
 
 __all__ = ["cluster_paths", "collapse", "collapsed_path"]
@@ -57,6 +57,20 @@ def _check(collapse_: object) -> None:
         )
 
 
+def _check_paths(view: GraphView, paths: Sequence[str]) -> None:
+    """A module path that no drawn node lies in is a typo: say so, with the closest paths."""
+    known = set()
+    for node in view.nodes:
+        parts = node.module.split(".") if node.module else []
+        known.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for path in paths:
+        if path not in known:
+            raise ConfigError(
+                f"collapse: no module {path!r} in this graph ({closest_names(path, known)}); "
+                f"give module paths as model.named_modules() spells them (e.g. 'layer1')"
+            )
+
+
 def _representatives(view: GraphView, collapse_: int | Sequence[str] | None) -> dict[str, str]:
     rep = {}
     for node in view.nodes:
@@ -84,11 +98,14 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
             module paths (``["layer1"]``), or None to keep everything.
 
     Raises:
-        ConfigError: ``collapse_`` is neither a positive int, a list of paths nor None.
+        ConfigError: ``collapse_`` is neither a positive int, a list of paths nor None, or a
+            path names no module of the graph (with the closest paths).
     """
     _check(collapse_)
     if collapse_ is None:
         return view
+    if not isinstance(collapse_, int):
+        _check_paths(view, collapse_)
     rep = _representatives(view, collapse_)
     types = dict(view.module_types)
     nodes: dict[str, ViewNode] = {}

@@ -39,7 +39,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -47,8 +46,8 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from qviz.errors import ConfigError, QvizError
-from qviz.numeric.batches import batches_of, num_inputs, split_batch
+from qviz.errors import ConfigError, QvizError, closest_names
+from qviz.numeric.batches import batches_of, checked_batches, split_batch
 from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
 
@@ -228,10 +227,11 @@ class NumericDashboard:
                 f"quantized_model must be the graph module qviz.convert_pt2e returned, got "
                 f"{type(quantized_model).__name__}"
             )
-        batches = list(batches_of(data, "NumericDashboard.from_models"))
+        where = "NumericDashboard.from_models"
+        batches = checked_batches(data, quantized_model, where)
         if not batches:
-            raise ConfigError("NumericDashboard.from_models needs at least one batch of data")
-        inputs, _ = split_batch(batches[0], num_inputs(quantized_model), 0)
+            raise ConfigError(f"{where} needs at least one batch of data")
+        inputs, _ = split_batch(batches[0], quantized_model, 0, where)
         fgm = float_graph_of(float_model, inputs)
         report = compare(fgm, quantized_model, batches, metric=metric, progress=progress)
         return cls(
@@ -327,9 +327,10 @@ class NumericDashboard:
     def _check_row(self, node: Any) -> None:
         nodes = self._nodes()
         if node not in nodes:
-            close = difflib.get_close_matches(str(node), nodes, n=3)
-            hint = f"; did you mean {close}?" if close else f"; the layers are {nodes[:12]}"
-            raise ConfigError(f"{node!r} is not a layer of the numeric report{hint}")
+            raise ConfigError(
+                f"{node!r} is not a layer of the numeric report ({closest_names(node, nodes)}; "
+                f"the layers are {nodes[:12]})"
+            )
 
     def _select(self, node: str) -> None:
         self._check_row(node)
@@ -381,8 +382,7 @@ class NumericDashboard:
     def _sample_inputs(self, quantized_model: Any) -> tuple[Any, ...] | None:
         if not self._batches:
             return None
-        n = num_inputs(quantized_model) if isinstance(quantized_model, GraphModule) else 1
-        return split_batch(self._batches[0], n, 0)[0]
+        return split_batch(self._batches[0], quantized_model, 0, "NumericDashboard")[0]
 
     # -- view ----------------------------------------------------------------------------------
     def _build(self, with_graph: bool) -> None:

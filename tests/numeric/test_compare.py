@@ -10,7 +10,7 @@ import qviz
 from qviz.data import digits_loaders, digits_model, evaluate
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
-from qviz.numeric import NumericReport, compare, fallback, sensitivity, sqnr
+from qviz.numeric import NumericReport, compare, compare_configs, fallback, sensitivity, sqnr
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +185,41 @@ def test_bad_input_gets_a_clear_error(digits):
         compare(gm, quantized, 3, progress=False)
     with pytest.raises(ConfigError, match="mode='both'"):
         sensitivity(gm, quantizer, test, mode="both")
+
+
+WRONG_BATCHES = {
+    "size": (
+        [(torch.randn(4, 1, 9, 8), torch.zeros(4))],
+        r"has shape \(4, 1, 9, 8\).*\(\*, 1, 8, 8\)",
+    ),
+    "dtype": ([(torch.randint(0, 5, (4, 1, 8, 8)), torch.zeros(4))], r"is torch.int64.*float32"),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(WRONG_BATCHES))
+def test_every_numeric_entry_point_names_a_batch_that_does_not_fit(digits, problem):
+    """The same check everywhere: compare, sensitivity, compare_configs, the dashboard, evaluate."""
+    from qviz.widgets import NumericDashboard
+
+    _, gm, quantizer, quantized, test = digits
+    bad, pattern = WRONG_BATCHES[problem]
+    data = [test[0], *bad]  # the second batch is the bad one
+    before = {k: v.clone() for k, v in quantized.state_dict().items()}
+    calls = {
+        "compare": lambda: compare(gm, quantized, data, progress=False),
+        "sensitivity": lambda: sensitivity(gm, quantizer, data, progress=False),
+        "compare_configs": lambda: compare_configs(
+            gm, {"a": get_symmetric_quantization_config()}, data, progress=False
+        ),
+        "NumericDashboard.from_models": lambda: NumericDashboard.from_models(
+            gm, quantized, data, progress=False
+        ),
+        "evaluate": lambda: evaluate(quantized, data),
+    }
+    for where, call in calls.items():
+        with pytest.raises(ConfigError, match=rf"{where}: batch 1: input 0 \('x'\) {pattern}"):
+            call()
+    assert all(torch.equal(v, quantized.state_dict()[k]) for k, v in before.items())
 
 
 def test_fallback_names_are_checked_against_the_graph(digits):

@@ -143,6 +143,10 @@ def test_bad_collapse_and_model_are_config_errors(digits):
         graph(gm, collapse=0)
     with pytest.raises(ConfigError, match=r"qviz\.export"):
         graph(nn.Linear(2, 2))
+    # a module path that names nothing used to draw the graph uncollapsed without a word
+    with pytest.raises(ConfigError, match=r"no module 'blok'.*closest: \['block'"):
+        graph(gm, collapse=["blok"])
+    assert graph(gm, collapse=["block.conv1"]).view.nodes  # inner paths are modules too
 
 
 def test_params_hidden_unless_asked(digits):

@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ from torch.fx import GraphModule, Node
 from qviz.engine.quantizer import Quantizer
 from qviz.engine.quantizers.annotate import USER_FALLBACK, record_float_reason
 from qviz.engine.specs import Q_ANNOTATION_KEY
-from qviz.errors import AnnotationError, ConfigError
+from qviz.errors import AnnotationError, ConfigError, closest_names
 
 __all__ = ["FallbackQuantizer", "WrappingQuantizer", "inside_module", "module_path"]
 
@@ -162,12 +161,11 @@ class FallbackQuantizer(WrappingQuantizer):
             and not any(inside_module(p, name) for p in paths)
         ]
         if unknown:
-            known = sorted({n.name for n in ops} | {p for p in paths if p})
-            hints = {u: difflib.get_close_matches(u, known, n=3) for u in unknown}
+            known = {n.name for n in ops} | {p for p in paths if p}
+            hints = "; ".join(f"{u!r}: {closest_names(u, known)}" for u in unknown)
             raise ConfigError(
-                f"fallback: {unknown} name no operator or module of this graph (closest: "
-                f"{hints}); give node names as in the plan (e.g. 'conv2d_2') or module paths "
-                f"(e.g. 'block.conv1')"
+                f"fallback: {unknown} name no operator or module of this graph ({hints}); give "
+                f"node names as in the plan (e.g. 'conv2d_2') or module paths (e.g. 'block.conv1')"
             )
         return [
             n

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -77,7 +76,7 @@ from qviz.engine.specs import (
     QuantizationSpec,
     SharedQuantizationSpec,
 )
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, closest_names
 
 __all__ = ["CHANGE_KEYS", "OverrideQuantizer", "normalize_overrides"]
 
@@ -284,10 +283,9 @@ class _Edit:
     def _node(self, name: str) -> Node:
         node = self.nodes.get(name.strip())
         if node is None:
-            close = difflib.get_close_matches(name.strip(), list(self.nodes), n=3)
             raise ConfigError(
                 f"overrides[{self.key!r}]: no node {name.strip()!r} in this graph "
-                f"({f'closest: {close}' if close else 'no close match'})"
+                f"({closest_names(name.strip(), self.nodes)})"
             )
         return node
 
@@ -310,10 +308,10 @@ class _Edit:
         else:
             found = [n for n in ops if inside_module(module_path(n), key)]
         if not found:
-            known = sorted({n.name for n in ops} | {module_path(n) for n in ops} - {""})
+            known = {n.name for n in ops} | {module_path(n) for n in ops} - {""}
             raise ConfigError(
                 f"overrides[{key!r}]: names no node, edge ('a -> b'), module or op type ('op:"
-                f"conv2d') of this graph (closest: {difflib.get_close_matches(key, known, n=3)})"
+                f"conv2d') of this graph ({closest_names(key, known)})"
             )
         return found
 

@@ -26,15 +26,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.fx import Node
+from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import OpOverload, OpOverloadPacket
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, closest_names
 
 __all__ = [
     "AtenOp",
     "OperatorLike",
     "Scope",
+    "check_module_names",
     "in_module_name",
     "in_module_type",
     "module_names",
@@ -76,6 +77,34 @@ def module_names(node: Node) -> list[str]:
     """
     stack = node.meta.get("nn_module_stack") or {}
     return [_strip_self(str(path)) for path, _ in stack.values()]
+
+
+def check_module_names(model: GraphModule, names: Iterable[str], setter: str) -> None:
+    """Raise if a module name matches no module that calls an operator of ``model``.
+
+    A setting for a module the graph does not have would silently apply to nothing: it is a
+    typo (``"featurez"`` for ``"features"``), or a module whose calls left no operator.
+
+    Example:
+        >>> import collections, torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(collections.OrderedDict(features=nn.Linear(2, 2)))
+        >>> gm = torch.export.export(model.eval(), (torch.randn(1, 2),)).module()
+        >>> check_module_names(gm, ["features"], "set_module_name")
+        >>> check_module_names(gm, ["featurez"], "set_module_name")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: set_module_name('featurez', ...): no module of that name ... \
+(closest: ['features']); give a name as model.named_modules() spells it (e.g. 'layer1.0.conv1')
+    """
+    known = {name for node in model.graph.nodes for name in module_names(node)}
+    for name in names:
+        if name not in known:
+            raise ConfigError(
+                f"{setter}({name!r}, ...): no module of that name calls an operator of this graph "
+                f"({closest_names(name, known - {''})}); give a name as model.named_modules() "
+                f"spells it (e.g. 'layer1.0.conv1')"
+            )
 
 
 def module_type_names(node: Node) -> list[str]:

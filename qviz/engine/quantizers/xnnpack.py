@@ -62,6 +62,7 @@ from qviz.engine.quantizers.scope import (
     AtenOp,
     OperatorLike,
     Scope,
+    check_module_names,
     module_names,
     module_type_names,
     operator_matches,
@@ -245,11 +246,13 @@ class XNNPACKQuantizer(Quantizer):
         linear only). Operator nodes left in float get ``qviz_float_reason`` / ``_detail``.
 
         Raises:
-            ConfigError: ``model`` is not a torch.fx GraphModule.
+            ConfigError: ``model`` is not a torch.fx GraphModule, or a ``set_module_name``
+                names no module of it (a typo), with the closest names.
 
         Example: see the module docstring.
         """
         model = _graph_module(model, "annotate")
+        check_module_names(model, self.module_name_config, "set_module_name")
         for node in model.graph.nodes:
             node.meta.pop(FLOAT_REASON_KEY, None)
             node.meta.pop(FLOAT_DETAIL_KEY, None)

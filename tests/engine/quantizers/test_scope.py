@@ -87,3 +87,32 @@ def test_scope_checks_operator_nodes_and_the_anchor(nodes) -> None:
     assert inside.accepts(linear, [linear, weight])  # the weight is not checked
     assert not inside.accepts(linear, [relu, linear])
     assert not Scope(anchor=lambda n: n is relu).accepts(linear, [linear])
+
+
+class Features(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+        self.classifier = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.classifier(self.features(x).mean((2, 3)))
+
+
+def test_a_module_name_typo_is_an_error_with_the_closest_names():
+    """set_module_name('featurez', None) used to quantize everything without a word."""
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(Features().eval(), (torch.randn(1, 3, 8, 8),))
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    quantizer.set_module_name("featurez", None)
+    before = gm.graph.python_code("self").src
+    typo = r"set_module_name\('featurez', ...\).*closest: \['features',"
+    with pytest.raises(ConfigError, match=typo):
+        qviz.prepare_pt2e(gm, quantizer)
+    assert gm.graph.python_code("self").src == before  # the user's graph is untouched
+    assert quantizer.module_name_config == {"featurez": None}  # and so are their settings
+    quantizer.module_name_config.clear()
+    plan = qviz.prepare_pt2e(gm, quantizer.set_module_name("features.0", None)).plan
+    assert any(r.reason == "filtered by module name" for r in plan.float_nodes)
