@@ -11,13 +11,25 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.qviz-installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint bench system-deps clean
+# `make test-newest` runs the same suite against the newest torch/torchvision/torchao that
+# pyproject.toml allows, in .venv-newest, ignoring a machine-wide pip constraint file that caps
+# torch at the release cached on disk: CI runs both, so both ends of the allowed range are tested.
+NEWEST       := .venv-newest
+NEWEST_STAMP := $(NEWEST)/.qviz-installed
+
+.PHONY: run test test-newest lint bench system-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
+
+$(NEWEST_STAMP): pyproject.toml
+	@test -x $(NEWEST)/bin/python || $(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet --upgrade -e ".[test]"
+	@touch $(NEWEST_STAMP)
 
 system-deps:
 	@if ! command -v dot >/dev/null 2>&1; then \
@@ -52,8 +64,12 @@ lint: $(STAMP)
 test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest
 
+test-newest: $(NEWEST_STAMP) system-deps
+	$(NEWEST)/bin/python -c "import torch, torchvision, torchao; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'torchao', torchao.__version__)"
+	$(NEWEST)/bin/python -m pytest
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/calibrators.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(NEWEST) .pytest_cache .ruff_cache .hypothesis

@@ -258,5 +258,5 @@ def graph(
         view = replace(
             view, metric_span=_span(metric_range), higher_is_better=bool(higher_is_better)
         )
-    view = collapse_view(view, collapse)
+    view = collapse_view(view, collapse, (name for name, _ in model.named_modules()))
     return QGraph(view, to_digraph(view, _highlight(highlight)))

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from qviz.errors import ConfigError, closest_names
@@ -57,9 +57,9 @@ def _check(collapse_: object) -> None:
         )
 
 
-def _check_paths(view: GraphView, paths: Sequence[str]) -> None:
-    """A module path that no drawn node lies in is a typo: say so, with the closest paths."""
-    known = set()
+def _check_paths(view: GraphView, paths: Sequence[str], modules: Iterable[str]) -> None:
+    """A path that is no module of the model (drawn or not) is a typo: say so, with the closest."""
+    known = set(modules) - {""}
     for node in view.nodes:
         parts = node.module.split(".") if node.module else []
         known.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
@@ -89,13 +89,17 @@ def _representatives(view: GraphView, collapse_: int | Sequence[str] | None) -> 
     return rep
 
 
-def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphView:
+def collapse(
+    view: GraphView, collapse_: int | Sequence[str] | None, modules: Iterable[str] = ()
+) -> GraphView:
     """``view`` with every module at depth ``collapse_`` (or named in it) merged into one box.
 
     Args:
         view: the records of :func:`qviz.viz.stages.read_graph`.
         collapse_: a depth (``2`` keeps ``layer1.0`` and merges ``layer1.0.conv1`` into it),
             module paths (``["layer1"]``), or None to keep everything.
+        modules: module paths of the model that may have no drawn node (a BatchNorm folded
+            into its conv); collapsing one of them is no error.
 
     Raises:
         ConfigError: ``collapse_`` is neither a positive int, a list of paths nor None, or a
@@ -105,7 +109,7 @@ def collapse(view: GraphView, collapse_: int | Sequence[str] | None) -> GraphVie
     if collapse_ is None:
         return view
     if not isinstance(collapse_, int):
-        _check_paths(view, collapse_)
+        _check_paths(view, collapse_, modules)
     rep = _representatives(view, collapse_)
     types = dict(view.module_types)
     nodes: dict[str, ViewNode] = {}
