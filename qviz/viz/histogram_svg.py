@@ -183,7 +183,7 @@ def rows_html(rows: Any, *, highlight: str | None = None, chosen: str | None = N
         >>> "<td" in rows_html(histogram_data(torch.randn(1000), methods=("max",)).rows)
         True
     """
-    cell = 'style="padding:2px 10px;border-bottom:1px solid #ddd;text-align:right"'
+    cell = 'style="padding:2px 6px;border-bottom:1px solid #ddd;text-align:right"'
     head = "".join(
         f"<th {cell}>{h}</th>"
         for h in ("method", "range [low, high]", "scale", "zero_point", "clipped", "SQNR dB")

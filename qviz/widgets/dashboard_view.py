@@ -40,11 +40,17 @@ def row_label(row: dict[str, Any]) -> str:
     return head + "".join(f"{_num(v):>8}" for v in cols)
 
 
-_HEADER = f"{'node':<20} {'op':<12}{'local':>8}{'cumul.':>8}{'weight':>8}   (SQNR dB)"
+_HEADER = f"{'node':<20} {'op':<12}{'local':>8}{'cumul.':>8}{'weight':>8}"
+_CAPTION = (
+    "SQNR in dB (higher is better): <b>local</b> with this layer alone quantized, "
+    "<b>cumul.</b> with every layer up to it quantized, <b>weight</b> of its weight"
+)
 
 
 def history_html(history: list[dict[str, Any]]) -> str:
     """The runs as a table: layers in float, output SQNR and metric, each against the first."""
+    from qviz.widgets.layout import scrolling
+
     if not history:
         return ""
     first = history[0]
@@ -72,8 +78,8 @@ def history_html(history: list[dict[str, Any]]) -> str:
         f"<div>before → after: output SQNR <b>{first['output_sqnr']:.2f} → "
         f"{last['output_sqnr']:.2f} dB</b></div>"
     )
-    return (
-        f'{summary}<table class="qviz-dash-history" style="border-collapse:collapse;'
+    return summary + scrolling(
+        '<table class="qviz-dash-history" style="border-collapse:collapse;'
         f'font-size:12px"><tr>{head}</tr>{"".join(body)}</table>'
     )
 
@@ -90,13 +96,17 @@ def build_view(dash: Any, with_graph: bool) -> None:
     import ipywidgets as w
 
     from qviz.widgets.dashboard import COLOR_COLUMNS, SORT_COLUMNS
+    from qviz.widgets.layout import prepare_panel, row, split
 
     st = dash.state
     dash._sort = w.Dropdown(options=list(SORT_COLUMNS), value=st.sort_by, description="sort by")
     dash._color = w.Dropdown(
         options=list(COLOR_COLUMNS), value=st.color_by, description="colour by"
     )
-    dash._header = w.HTML(f'{_STYLE}<div class="qviz-dash-mono">{html.escape(_HEADER)}</div>')
+    dash._header = w.HTML(
+        f'{_STYLE}<div style="color:#555;font-size:12px">{_CAPTION}</div>'
+        f'<div class="qviz-dash-mono">{html.escape(_HEADER)}</div>'
+    )
     dash._rows = w.Select(options=[], rows=12, layout=w.Layout(width="100%"))
     dash._rows.add_class("qviz-dash-rows")
     dash._fallback = w.ToggleButton(
@@ -114,17 +124,19 @@ def build_view(dash: Any, with_graph: bool) -> None:
     _wire(dash)
     panel = w.VBox(
         [
-            w.HBox([dash._sort, dash._color]),
+            row([dash._sort, dash._color]),
             dash._header,
             dash._rows,
-            w.HBox([dash._fallback, dash._progress]),
+            row([dash._fallback, dash._progress]),
             dash._history,
             dash._status,
-        ],
-        layout=w.Layout(width="55%" if with_graph else "100%"),
+        ]
     )
     dash._graph = _graph(dash) if with_graph else None
-    top = w.HBox([dash._graph, panel]) if dash._graph is not None else panel
+    if dash._graph is None:
+        top = prepare_panel(panel)
+    else:
+        top = split(dash._graph, panel, graph_width="45%")
     dash.widget = w.VBox([top, dash._detail_note, dash._detail])
 
 
@@ -152,7 +164,6 @@ def _graph(dash: Any) -> Any:
     from qviz.widgets.graph_widget import GraphWidget
 
     widget = GraphWidget()
-    widget.layout.width = "45%"
 
     def on_select(change: dict[str, Any]) -> None:
         name = change["new"]

@@ -19,6 +19,7 @@ import html
 from typing import Any
 
 from qviz.engine.quantizers.fallback import inside_module, module_path
+from qviz.widgets.layout import breakable, scrolling
 
 __all__ = ["describe", "panel_html", "rows_html"]
 
@@ -74,20 +75,32 @@ def describe(editor: Any, name: str) -> dict[str, Any]:
 
 
 def rows_html(rows: list[dict[str, Any]]) -> str:
-    """The tensors' rows as an HTML table."""
-    cols = ("tensor", "dtype", "range", "qscheme", "ch_axis", "observer", "group", "how")
-    cell = 'style="padding:2px 8px;border-bottom:1px solid #ddd;text-align:left"'
-    head = "".join(f"<th {cell}>{c}</th>" for c in cols)
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td {cell}>{html.escape(str(r.get(c, '')))}</td>" for c in cols)
-        + "</tr>"
-        for r in rows
+    """The tensors' rows as an HTML table, narrow enough for the panel: the integer range under
+    the dtype, the channel axis beside the qscheme, long names wrapping at word boundaries."""
+    cell = 'style="padding:2px 6px;border-bottom:1px solid #ddd;text-align:left"'
+    head = "".join(
+        f"<th {cell}>{c}</th>"
+        for c in ("tensor", "dtype", "qscheme", "observer", "group", "how it joined")
     )
+    body = "".join(
+        "<tr>" + "".join(f"<td {cell}>{value}</td>" for value in _cells(r)) + "</tr>" for r in rows
+    )
+    return scrolling(
+        '<table style="border-collapse:collapse;font-size:12px" '
+        f'class="qviz-annotation"><tr>{head}</tr>{body}</table>'
+    )
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    small = '<br><span style="color:#666">{}</span>'
+    axis = "" if r.get("ch_axis") is None else small.format(f"axis {r['ch_axis']}")
     return (
-        '<div style="overflow-x:auto;max-width:100%">'
-        '<table style="border-collapse:collapse;font-size:12px;white-space:nowrap" '
-        f'class="qviz-annotation"><tr>{head}</tr>{body}</table></div>'
+        breakable(str(r.get("tensor", ""))),
+        breakable(str(r.get("dtype", ""))) + small.format(html.escape(str(r.get("range", "")))),
+        breakable(str(r.get("qscheme", ""))) + axis,
+        breakable(str(r.get("observer", ""))),
+        html.escape(str(r.get("group", ""))),
+        breakable(str(r.get("how", ""))),
     )
 
 

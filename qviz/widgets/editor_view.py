@@ -50,8 +50,12 @@ def build_view(editor: Any, with_graph: bool) -> None:
     """Create the graph widget and the controls, wired to the editor's Python methods."""
     import ipywidgets as w
 
+    from qviz.widgets.layout import prepare_panel, row, split
+
     c = {
-        "target": w.Dropdown(description="edit", options=[""], layout=w.Layout(width="340px")),
+        "target": w.Dropdown(
+            description="edit", options=[""], layout=w.Layout(width="340px", max_width="100%")
+        ),
         "quantize": w.Checkbox(value=True, description="quantize"),
         "dtype": w.Dropdown(options=_DTYPES, description="dtype"),
         "qscheme": w.Dropdown(options=_QSCHEMES, description="qscheme"),
@@ -77,20 +81,20 @@ def build_view(editor: Any, with_graph: bool) -> None:
     code_box = w.Accordion(children=[editor._code], titles=("Python",))
     controls = w.VBox(
         [editor._panel, c["target"], c["quantize"], c["dtype"], c["qscheme"], c["observer"],
-         c["method"], c["share_with"], w.HBox([c["fixed"], c["scale"], c["zero_point"]]),
-         w.HBox(list(buttons.values())), code_box],
-        layout=w.Layout(width="52%"),
+         c["method"], c["share_with"], row([c["fixed"], c["scale"], c["zero_point"]]),
+         row(list(buttons.values())), code_box],
     )  # fmt: skip
     editor._graph = _graph_widget(editor) if with_graph else None
-    parts = [editor._graph, controls] if editor._graph is not None else [controls]
-    editor.widget = w.HBox(parts)
+    if editor._graph is None:
+        editor.widget = prepare_panel(controls)
+    else:
+        editor.widget = split(editor._graph, controls)
 
 
 def _graph_widget(editor: Any) -> Any:
     from qviz.widgets.graph_widget import GraphWidget
 
     widget = GraphWidget()
-    widget.layout.width = "48%"
 
     def on_select(change: dict[str, Any]) -> None:
         if change["new"] and change["new"] != editor.selection:

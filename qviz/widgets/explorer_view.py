@@ -33,6 +33,7 @@ def build_view(explorer: Any, with_graph: bool) -> None:
     import ipywidgets as w
 
     from qviz.widgets.explorer import METHODS
+    from qviz.widgets.layout import prepare_panel, row, split
 
     st = explorer.state
     explorer._observer = w.Dropdown(
@@ -44,7 +45,8 @@ def build_view(explorer: Any, with_graph: bool) -> None:
     )  # fmt: skip
     explorer._percentile = w.FloatSlider(
         value=st.percentile, min=99.0, max=100.0, step=0.001, readout_format=".3f",
-        description="percentile", continuous_update=False, layout=w.Layout(width="380px"),
+        description="percentile", continuous_update=False,
+        layout=w.Layout(width="380px", max_width="100%"),
     )  # fmt: skip
     explorer._bits = w.IntSlider(
         value=st.num_bits, min=2, max=16, description="num_bits", continuous_update=False
@@ -62,16 +64,18 @@ def build_view(explorer: Any, with_graph: bool) -> None:
         [
             explorer._observer,
             explorer._method,
-            w.HBox([explorer._percentile, explorer._bits, explorer._log]),
+            row([explorer._percentile, explorer._bits, explorer._log]),
             explorer._histogram,
             explorer._table,
-            w.HBox([use, everywhere]),
+            row([use, everywhere]),
             explorer._status,
         ]
     )
     explorer._graph = _graph(explorer) if with_graph else None
-    parts = [explorer._graph, panel] if explorer._graph is not None else [panel]
-    explorer.widget = w.HBox(parts)
+    if explorer._graph is None:
+        explorer.widget = prepare_panel(panel)
+    else:
+        explorer.widget = split(explorer._graph, panel, graph_width="45%")
 
 
 def _wire(explorer: Any) -> None:
@@ -96,7 +100,6 @@ def _graph(explorer: Any) -> Any:
 
     folding = Folding(explorer.model)  # big models open collapsed; a click expands a module
     widget = GraphWidget().show(graph(explorer.model, collapse=folding.collapse))
-    widget.layout.width = "45%"
 
     def on_select(change: dict[str, Any]) -> None:
         name = change["new"]
@@ -119,6 +122,7 @@ def refresh_view(explorer: Any) -> None:
     """Show the explorer's state: controls, histogram, table, status."""
     from qviz.viz.histogram_svg import rows_html
     from qviz.widgets.explorer import histogram_of
+    from qviz.widgets.layout import scrolling
 
     st = explorer.state
     explorer._syncing = True
@@ -133,7 +137,7 @@ def refresh_view(explorer: Any) -> None:
     explorer._percentile.disabled = st.method != "percentile"
     explorer._histogram.value = histogram_of(explorer)
     chosen = explorer.choices.get(st.observer)
-    explorer._table.value = rows_html(explorer.rows, highlight=st.method, chosen=chosen)
+    explorer._table.value = scrolling(rows_html(explorer.rows, highlight=st.method, chosen=chosen))
     explorer._status.value = _status(explorer, chosen)
 
 

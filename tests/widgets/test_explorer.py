@@ -84,6 +84,17 @@ def test_refusals_keep_the_state_and_say_why(explorer):
     assert explorer.error is None
 
 
+def _button(widget, description):
+    """The Button labelled ``description`` anywhere inside ``widget``."""
+    if getattr(widget, "description", None) == description and hasattr(widget, "click"):
+        return widget
+    for child in getattr(widget, "children", ()):
+        found = _button(child, description)
+        if found is not None:
+            return found
+    return None
+
+
 def test_controls_call_the_python_equivalents(explorer):
     explorer._method.value = "mse"
     assert explorer.state.method == "mse"
@@ -92,7 +103,7 @@ def test_controls_call_the_python_equivalents(explorer):
     explorer._graph.selected = "relu_2"  # a click on the graph
     assert explorer.state.observer == explorer.model.plan.group_of("relu_2").observer
     explorer._method.value = "entropy"
-    explorer.widget.children[-1].children[5].children[0].click()  # "Use this range"
+    _button(explorer.widget, "Use this range").click()
     assert explorer.choices == {explorer.state.observer: "entropy"}
 
 

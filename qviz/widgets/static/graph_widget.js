@@ -81,6 +81,15 @@ function widenHitAreas(root) {
   }
 }
 
+// The median font size of the drawing's text, in SVG user units (Graphviz: points).
+function typicalFontSize(svg) {
+  const sizes = [...svg.querySelectorAll("text")]
+    .map((t) => parseFloat(t.getAttribute("font-size")))
+    .filter((v) => Number.isFinite(v) && v > 0)
+    .sort((a, b) => a - b);
+  return sizes.length ? sizes[Math.floor(sizes.length / 2)] : 14;
+}
+
 function placeSvg(view, text) {
   view.viewport.replaceChildren();
   view.svg = view.g = view.overlay = null;
@@ -91,6 +100,7 @@ function placeSvg(view, text) {
   }
   const [x0, y0, w, h] = viewBoxOf(svg);
   view.box = { x0, y0, w, h };
+  view.fontSize = typicalFontSize(svg);
   for (const attr of ["width", "height", "viewBox"]) svg.removeAttribute(attr);
   svg.setAttribute("width", "100%");
   svg.setAttribute("height", "100%");
@@ -114,22 +124,66 @@ function size(view) {
   return { cw: view.viewport.clientWidth, ch: view.viewport.clientHeight };
 }
 
-// The first view keeps labels readable: the whole graph when it fits at READABLE scale or
-// more, else the top of the graph at READABLE scale (pan or zoom out for the rest). "reset"
-// shows the whole graph, however small.
-const READABLE = 0.6;
+// The first view fits the graph to the pane's width, never smaller than MIN_TEXT_PX for the
+// typical label and never larger than MAX_OPEN_SCALE; a graph that is then wider or taller
+// than the pane opens at its top left (pan or zoom out for the rest). "reset" shows the whole
+// graph, however small.
+const MIN_TEXT_PX = 11;
+const MAX_OPEN_SCALE = 1.5;
+
+function openScale(view, cw) {
+  const legible = MIN_TEXT_PX / (view.fontSize || 14);
+  return Math.max(legible, Math.min(cw / view.box.w, MAX_OPEN_SCALE));
+}
+
+// A graph wider than the pane opens with its topmost node (where the data comes in; the legend
+// does not count) in the middle of the pane, without empty space beside the drawing.
+function openLeft(view, cw) {
+  const { x0, w } = view.box;
+  const k = view.k;
+  const nodes = groups(view, "node").filter((g) => titleOf(g) !== "legend").map((g) => boxOf(view, g));
+  if (!nodes.length) return 8 - k * x0;
+  const top = nodes.reduce((a, b) => (b.y < a.y ? b : a));
+  const want = cw / 2 - k * (top.x + top.width / 2);
+  return Math.min(8 - k * x0, Math.max(cw - 8 - k * (x0 + w), want));
+}
 
 function fit(view, whole = false) {
   const { cw, ch } = size(view);
   if (!view.g || cw === 0 || ch === 0) return false;
   const { x0, y0, w, h } = view.box;
-  const all = Math.min(cw / w, ch / h, 1);
-  view.k = whole ? all : Math.max(all, Math.min(cw / w, READABLE));
-  view.tx = (cw - view.k * w) / 2 - view.k * x0;
+  view.k = whole ? Math.min(cw / w, ch / h, 1) : openScale(view, cw);
+  view.tx = view.k * w <= cw ? (cw - view.k * w) / 2 - view.k * x0 : openLeft(view, cw);
   view.ty = view.k * h <= ch ? (ch - view.k * h) / 2 - view.k * y0 : 8 - view.k * y0;
   view.fitted = true;
   apply(view);
   return true;
+}
+
+// A bar on the pane's right edge: drag it to widen or narrow the graph beside its panel.
+function addSplitter(el, root) {
+  const grip = make("div", "qviz-graph-splitter", root);
+  grip.title = "drag to widen or narrow the graph";
+  let start = null;
+  grip.addEventListener("pointerdown", (event) => {
+    start = { x: event.clientX, width: el.getBoundingClientRect().width };
+    grip.setPointerCapture(event.pointerId);
+    event.preventDefault();
+    event.stopPropagation();
+  });
+  grip.addEventListener("pointermove", (event) => {
+    if (!start) return;
+    const parent = el.parentElement ? el.parentElement.getBoundingClientRect().width : Infinity;
+    const width = Math.min(Math.max(200, start.width + event.clientX - start.x), parent - 160);
+    el.style.width = `${width}px`;
+    el.style.flex = `0 0 ${width}px`;
+  });
+  const stop = (event) => {
+    if (start) grip.releasePointerCapture(event.pointerId);
+    start = null;
+  };
+  grip.addEventListener("pointerup", stop);
+  grip.addEventListener("pointercancel", stop);
 }
 
 function zoomAt(view, mx, my, factor) {
@@ -138,6 +192,7 @@ function zoomAt(view, mx, my, factor) {
   view.tx = mx - (mx - view.tx) * f;
   view.ty = my - (my - view.ty) * f;
   view.k = k;
+  view.touched = true;
   apply(view);
 }
 
@@ -168,6 +223,7 @@ function panHandlers(view) {
     if (!view.dragged && Math.hypot(dx, dy) < DRAG_PX) return;
     if (!view.dragged) view.svg.setPointerCapture(start.id); // late: a plain click keeps its target
     view.dragged = true;
+    view.touched = true;
     view.tx = start.tx + dx;
     view.ty = start.ty + dy;
     apply(view);
@@ -323,6 +379,7 @@ function onClick(view, model, event) {
 
 function render({ model, el }) {
   const ui = buildChrome(el);
+  addSplitter(el, ui.root);
   const view = { viewport: ui.viewport, k: 1, tx: 0, ty: 0, fitted: false, matchIndex: 0 };
   const refresh = () => {
     showSelected(view, model);
@@ -330,6 +387,12 @@ function render({ model, el }) {
   };
   const ensureFitted = () => {
     if (!view.fitted && fit(view)) refresh();
+  };
+  // Until the user pans or zooms, a pane that changes size (the notebook settling its layout,
+  // the splitter dragged) opens the graph again for the new size.
+  const onResize = () => {
+    if (view.fitted && !view.touched) view.fitted = false;
+    ensureFitted();
   };
   const draw = () => {
     placeSvg(view, model.get("svg"));
@@ -362,7 +425,7 @@ function render({ model, el }) {
   ui.viewport.addEventListener("pointercancel", pan.up);
   ui.viewport.addEventListener("wheel", (event) => onWheel(view, event), { passive: false });
   ui.viewport.addEventListener("click", (event) => onClick(view, model, event));
-  const resize = new ResizeObserver(ensureFitted); // the view may render before it is attached
+  const resize = new ResizeObserver(onResize); // the view may render before it is attached
   resize.observe(ui.viewport);
 
   const listeners = { "change:svg": draw, "change:selected": onSelected, "change:search": onSearch, "change:height": onHeight };

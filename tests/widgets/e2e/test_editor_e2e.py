@@ -82,7 +82,7 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     page.get_by_role("button", name="Apply").click()
     _wait_svg_change(page, before)
     page.get_by_text("your edits:").wait_for(timeout=10_000)
-    page.locator("table.qviz-annotation td", has_text=re.compile("^uint8$")).first.wait_for()
+    page.locator("table.qviz-annotation td", has_text=re.compile("^uint8\\b")).first.wait_for()
     assert _dropdown(page, "dtype").input_value() == "(keep)"  # the controls reset after Apply
     expected = {"relu": {"dtype": "uint8"}}
     state = lab.kernel_json(
