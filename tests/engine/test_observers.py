@@ -222,6 +222,36 @@ def test_histc_equals_torch_histc_on_bin_edges():
     assert torch.equal(histc(x, 1000, low, high), torch.histc(x, 1000, min=low, max=high))
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    size=st.sampled_from([2**16 - 1, 2**16, 2**17 + 3, 2**21 + 5, 2 * 2**21 + 2**17 + 7]),
+    kind=st.sampled_from(["relu", "normal", "edges", "constant tail"]),
+    bins=st.sampled_from([7, 2048]),
+    seed=st.integers(0, 2**16),
+    threads=st.sampled_from([1, 2]),
+)
+def test_histc_equals_torch_histc_on_large_tensors(size, kind, bins, seed, threads):
+    """Past the block, split and round sizes, counted on one or two threads: the same bits."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, generator=g) * 3
+    if kind == "relu":
+        x = x.relu_()  # half the values in the first bin, -0.0 among them
+        x[::97] = -0.0
+    elif kind == "edges":
+        e = torch.linspace(-2.0, 5.0, bins + 1)
+        x = e[torch.randint(0, bins + 1, (size,), generator=g)]
+    elif kind == "constant tail":
+        x[size // 3 :] = x[0]
+    low, high = torch.aminmax(x)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = histc(x, bins, low, high)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(ours, torch.histc(x, bins, min=low, max=high))
+
+
 # -- alternative HistogramObserver methods --------------------------------------------------------
 @pytest.mark.parametrize("method", CALIB_METHODS)
 def test_histogram_methods_use_the_calibrators_amax(method):
