@@ -35,6 +35,7 @@ from qviz.engine.specs import (
     QuantizationSpecBase,
     SharedQuantizationSpec,
 )
+from qviz.errors import ConfigError, closest_names
 
 __all__ = [
     "FloatReason",
@@ -220,12 +221,19 @@ class QuantPlan:
         return [asdict(r) for r in rows[kind]]
 
     def record(self, producer: str, consumer: str | None = None) -> TensorRecord:
-        """The record of ``producer -> consumer`` (or ``producer``'s output)."""
+        """The record of ``producer -> consumer`` (or ``producer``'s output); the edge may also
+        be given as one string, ``"x -> conv2d"``, as the plan prints it."""
+        if consumer is None and "->" in producer:
+            producer, _, consumer = (s.strip() for s in producer.partition("->"))
         ref = TensorRef(producer, consumer)
         for rec in self.tensors:
             if rec.tensor == ref:
                 return rec
-        raise KeyError(f"{ref} is not observed; observed tensors: {[str(t.tensor) for t in self]}")
+        names = [str(t.tensor) for t in self]
+        raise ConfigError(
+            f"{ref} is not observed in this plan ({closest_names(str(ref), names)}); pass an "
+            f"observed tensor: a node name for its output or 'producer -> consumer' for an edge"
+        )
 
     def __str__(self) -> str:
         lines = [f"QuantPlan: {len(self.groups)} observer groups, {len(self.tensors)} tensors"]

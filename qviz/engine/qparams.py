@@ -27,7 +27,14 @@ import torch
 
 from qviz.errors import ConfigError
 
-__all__ = ["DTYPE_RANGES", "MAX_NUM_BITS", "quant_range", "symmetric_scale", "validate_num_bits"]
+__all__ = [
+    "DTYPE_RANGES",
+    "MAX_NUM_BITS",
+    "clip_limits",
+    "quant_range",
+    "symmetric_scale",
+    "validate_num_bits",
+]
 
 #: The widest integer grid the float32 arithmetic of fake quantization represents exactly.
 MAX_NUM_BITS = 16
@@ -91,3 +98,27 @@ def symmetric_scale(amax: float | torch.Tensor, *, num_bits: int = 8, unsigned: 
     """
     _, quant_max = quant_range(num_bits, unsigned=unsigned)
     return amax / quant_max
+
+
+def clip_limits(
+    scale: float | torch.Tensor,
+    zero_point: int | torch.Tensor,
+    quant_min: int,
+    quant_max: int,
+) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    """The values beyond which quantizing ``x`` clips it: ``(low, high)``, half a step past the
+    grid's end levels ``scale * (quant_min - zero_point)`` and ``scale * (quant_max - zero_point)``.
+
+    This is qviz's one definition of *clipped*: a value ``x < low`` or ``x > high`` lies beyond
+    the rounding boundary of the last level, so clamping, not rounding, sets its error (larger
+    than half a step). Values between the end level and the boundary round to the end level like
+    any other value and are not clipped. Every "clipped" number qviz shows (the numeric report,
+    the calibration tables, the histogram rows, the explorer) uses these limits. Per-channel
+    ``scale`` / ``zero_point`` tensors give per-channel limits.
+
+    Example:
+        >>> [round(v, 6) for v in clip_limits(0.1, 0, -128, 127)]  # levels -12.8 .. 12.7
+        [-12.85, 12.75]
+    """
+    half = scale / 2
+    return scale * (quant_min - zero_point) - half, scale * (quant_max - zero_point) + half

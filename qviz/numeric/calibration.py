@@ -38,7 +38,7 @@ class CalibrationChoice:
     method: str
     amax: float
     scale: float  # PyTorch convention: amax / quant_max
-    clipped: float  # share of elements beyond amax
+    clipped: float  # share of elements beyond the last level's rounding boundary
     sqnr_db: float
 
 
@@ -99,7 +99,7 @@ def calibration_choices(
                 method=method.value,
                 amax=float(amax),
                 scale=float(symmetric_scale(float(amax), num_bits=num_bits)),
-                clipped=clipped_fraction(tensor, amax),
+                clipped=clipped_fraction(tensor, amax, num_bits=num_bits),
                 sqnr_db=sqnr(tensor, fq),
             )
         )

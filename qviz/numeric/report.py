@@ -18,7 +18,9 @@ weight_sqnr             dB: the quantized weight against the float one (BatchNor
 float_min/max           the float output's range over the data
 grid_min/max            the range its output quantization can represent,
                         ``scale * (q - zero_point)``
-clipped                 share of float output values more than half a step beyond the grid
+clipped                 share of float output values beyond the last level's rounding boundary
+                        (``qviz.engine.qparams.clip_limits``: clamping, not rounding, sets their
+                        error)
 rmse_scale              RMS error of fake-quantizing the float output, in steps: ~0.29 is pure
                         rounding noise; much larger means clipping or outliers
 handle                  the debug handle matched on

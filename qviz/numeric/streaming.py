@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from qviz.engine.qparams import clip_limits
+
 __all__ = ["GridStats", "PairStats"]
 
 
@@ -129,9 +131,9 @@ class GridStats:
         self.count += x.numel()
         low, high = torch.aminmax(x)
         self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
-        half = self.scale / 2
-        if float(low) < self.grid_min - half or float(high) > self.grid_max + half:
-            beyond = (x < self.grid_min - half) | (x > self.grid_max + half)
+        below, above = clip_limits(self.scale, self.zero_point, self.quant_min, self.quant_max)
+        if float(low) < below or float(high) > above:
+            beyond = (x.double() < below) | (x.double() > above)
             self.outside += int(beyond.sum())
         q = torch.fake_quantize_per_tensor_affine(
             x, self.scale, self.zero_point, self.quant_min, self.quant_max

@@ -19,7 +19,7 @@ import html
 import math
 from typing import Any
 
-from qviz.viz.histograms import _COLORS, HistogramData, _display_bins
+from qviz.viz.histograms import _COLORS, HistogramData, _display_bins, clipped_text
 
 __all__ = ["histogram_svg", "rows_html"]
 
@@ -198,7 +198,7 @@ def rows_html(rows: Any, *, highlight: str | None = None, chosen: str | None = N
             f"[{r['low']:.4g}, {r['high']:.4g}]",
             f"{r['scale']:.4g}",
             str(r["zero_point"]),
-            f"{r['clipped_fraction']:.3%}",
+            clipped_text(r),
             f"{r['sqnr_db']:.2f}",
         )
         body.append(f"<tr{style}>" + "".join(f"<td {cell}>{v}</td>" for v in values) + "</tr>")

@@ -17,10 +17,15 @@ HistogramObserver              its calibrator's |x| histogram when it keeps one
                                method it can compute, ``"l2"``
 =============================  ===========================================================
 
-The table's clipped fraction and SQNR are computed from the histogram itself (each bin's centre
-weighted by its count, fake-quantized), so they need no raw tensor; they match the exact
-numbers within the error of the bin width. A value counts as clipped when it lies more than half
-a step outside the range, i.e. when clamping, not rounding, sets its error.
+The table's SQNR is computed from the histogram itself (each bin's centre weighted by its count,
+fake-quantized), so it needs no raw tensor; it matches the exact number within the error of the
+bin width. A value counts as clipped when it lies beyond the rounding boundary of the grid's last
+level (``qviz.engine.qparams.clip_limits``: clamping, not rounding, sets its error), the same
+definition as everywhere in qviz. From counts alone the clipped share is known exactly only when
+no limit falls inside a bin that holds values; otherwise the row holds the estimate (each bin's
+count spread over its width) and the bounds the raw values must lie in
+(``clipped_least`` / ``clipped_most``), and the table shows both, so that two close ranges never
+seem to contradict each other.
 
 Example:
     >>> import torch
@@ -43,10 +48,11 @@ import torch
 
 from qviz.engine.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.observers import HistogramObserver
-from qviz.engine.qparams import quant_range, symmetric_scale
+from qviz.engine.qparams import clip_limits, quant_range, symmetric_scale
 from qviz.engine.tensor_quant import fake_tensor_quant
 from qviz.engine.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
+from qviz.numeric.metrics import histogram_clipped_fraction
 
 __all__ = ["HistogramData", "QuantGrid", "histogram", "histogram_data"]
 
@@ -125,7 +131,8 @@ def histogram(
     Returns:
         A matplotlib Figure. ``fig.qviz_rows`` holds the table as dicts with ``method``,
         ``amax`` (the line drawn; None for ``"l2"``), ``low``, ``high``, ``scale``,
-        ``zero_point``, ``clipped_fraction``, ``sqnr_db`` and ``current`` (the observer's own
+        ``zero_point``, ``clipped_fraction`` (with ``clipped_least`` / ``clipped_most``, the
+        bounds the raw values' share lies in), ``sqnr_db`` and ``current`` (the observer's own
         method).
 
     Raises:
@@ -236,12 +243,15 @@ def _check_bits(num_bits: int | None, own: int, what: str) -> None:
 
 
 def _weighted_metrics(
-    values: torch.Tensor, weights: torch.Tensor, quantized: torch.Tensor, low: float, high: float
-) -> tuple[float, float]:
-    """(clipped fraction, SQNR in dB) of a weighted sample and its fake-quantized version."""
-    total = float(weights.sum())
-    outside = (values < low) | (values > high)
-    clipped = float(weights[outside].sum()) / total if total > 0 else 0.0
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    quantized: torch.Tensor,
+    edges: torch.Tensor,
+    limits: tuple[float, float],
+) -> tuple[tuple[float, float, float], float]:
+    """((clipped estimate, least, most), SQNR in dB) of a histogram and its fake-quantized
+    bin centres; clipped is counted against the grid's ``clip_limits``."""
+    clipped = histogram_clipped_fraction(weights, edges, *limits)
     signal = float((weights * values.square()).sum())
     noise = float((weights * (values - quantized).square()).sum())
     if noise == 0.0:
@@ -273,8 +283,8 @@ def _calibrator_source(
             values.float(), amax, bits, unsigned, narrow_range=narrow_range
         ).double()
         scale = float(symmetric_scale(amax, num_bits=bits, unsigned=unsigned))
-        reach = amax + scale / 2
-        clipped, sqnr_db = _weighted_metrics(values, weights, quantized, -reach, reach)
+        _, reach = clip_limits(scale, 0, -qmax, qmax)  # |x|: the positive limit applies
+        clipped, sqnr_db = _weighted_metrics(values, weights, quantized, edges, (-reach, reach))
         low = 0.0 if unsigned else -amax
         rows.append(_row(method, amax, low, amax, scale, 0, clipped, sqnr_db, current=False))
         lines.append((f"method:{method}", amax, f"{method}  amax={amax:.4g}"))
@@ -293,7 +303,9 @@ def _row(method, amax, low, high, scale, zero_point, clipped, sqnr_db, *, curren
         "high": high,
         "scale": scale,
         "zero_point": zero_point,
-        "clipped_fraction": clipped,
+        "clipped_fraction": clipped[0],
+        "clipped_least": clipped[1],
+        "clipped_most": clipped[2],
         "sqnr_db": sqnr_db,
         "current": current,
     }
@@ -337,8 +349,8 @@ def _observer_source(
         scale, zp = float(scale_t.reshape(-1)[0]), int(zp_t.reshape(-1)[0])
         low, high = scale * (qmin - zp), scale * (qmax - zp)
         quantized = _affine(values, scale, zp, qmin, qmax)
-        edge = scale / 2
-        clipped, sqnr_db = _weighted_metrics(values, weights, quantized, low - edge, high + edge)
+        limits = clip_limits(scale, zp, qmin, qmax)
+        clipped, sqnr_db = _weighted_metrics(values, weights, quantized, edges, limits)
         amax = None
         if method != "l2":
             amax_kw = {"percentile": pct or obs.percentile} if method == "percentile" else {}
@@ -470,6 +482,23 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+def clipped_text(row: dict[str, Any]) -> str:
+    """A row's clipped share as a table shows it: the share, and the bounds the raw values'
+    share lies in when the histogram cannot tell it exactly.
+
+    Example:
+        >>> clipped_text({"clipped_fraction": 0.0458, "clipped_least": 0.0, "clipped_most": 0.0916})
+        '4.580% (0–9.16%)'
+        >>> clipped_text({"clipped_fraction": 0.01, "clipped_least": 0.01, "clipped_most": 0.01})
+        '1.000%'
+    """
+    text = f"{row['clipped_fraction']:.3%}"
+    least, most = row.get("clipped_least"), row.get("clipped_most")
+    if least is None or most is None or most - least < 5e-6:
+        return text
+    return f"{text} ({100 * least:.3g}–{100 * most:.3g}%)"
+
+
 def _draw_table(ax: Any, rows: tuple[dict[str, Any], ...]) -> None:
     ax.axis("off")
     header = ["method", "range [low, high]", "scale", "zero_point", "clipped", "SQNR (dB)"]
@@ -479,7 +508,7 @@ def _draw_table(ax: Any, rows: tuple[dict[str, Any], ...]) -> None:
             f"[{r['low']:.4g}, {r['high']:.4g}]",
             _fmt(r["scale"], ".4g"),
             str(r["zero_point"]),
-            f"{100 * r['clipped_fraction']:.3g}%",
+            clipped_text(r),
             _fmt(r["sqnr_db"], ".2f"),
         ]
         for r in rows

@@ -7,6 +7,7 @@ import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.plan import FloatReason, TensorRef
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,9 @@ def test_records_cover_every_observed_tensor_once(converted):
     assert plan.record("relu", "conv2d_1").how == "implicit"
     assert plan.record("relu_2", "max_pool2d").how == "explicit"  # as XNNPACK wrote it
     assert plan.group_of("relu", "conv2d_1") is plan.group_of("relu")
-    with pytest.raises(KeyError, match="is not observed"):
+    with pytest.raises(ConfigError, match=r"linear is not observed in this plan"):
         plan.record("linear")
+    assert plan.record("relu -> conv2d_1") is plan.record("relu", "conv2d_1")  # as printed
 
 
 def test_float_nodes_carry_the_quantizers_reason(converted):

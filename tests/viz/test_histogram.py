@@ -62,8 +62,9 @@ def test_table_matches_raw_tensor_metrics(x):
             assert row["zero_point"] == 0
             expected = sqnr(x, fake_tensor_quant(x, amax, bits))
             assert row["sqnr_db"] == pytest.approx(expected, abs=tolerance_db), row
-            clipped = clipped_fraction(x, amax + row["scale"] / 2)
+            clipped = clipped_fraction(x, amax, num_bits=bits)
             assert row["clipped_fraction"] == pytest.approx(clipped, abs=2e-4), row
+            assert row["clipped_least"] <= clipped <= row["clipped_most"], row
 
 
 def test_every_input_kind_gives_the_same_lines(x):
@@ -154,3 +155,23 @@ def test_returns_a_figure_that_saves(tmp_path, x):
 def test_nothing_observed_is_a_calibration_error(empty):
     with pytest.raises(CalibrationError, match="calibrat"):
         histogram(empty)
+
+
+def test_clipped_rows_of_the_digits_input_agree_with_the_raw_tensor(calibrated_digits):
+    """The digits pixels sit exactly at 1.0: the L2 range [-1.003, 0.9956] and the mse range
+    [-1.004, 0.9958] both clip them. Both rows are counted the same way, against the raw input."""
+    from qviz.data import digits_loaders
+    from qviz.viz.histograms import histogram_data
+
+    prepared = calibrated_digits(switchable=True)
+    observer = getattr(prepared, prepared.plan.group_of("x -> conv2d").observer)
+    x = torch.cat([b for b, _ in digits_loaders(batch_size=90).calibration])
+    rows = {r["method"]: r for r in histogram_data(observer, methods=("l2", "mse")).rows}
+    for method in ("l2", "mse"):
+        r = rows[method]
+        grid = {"quant_min": observer.quant_min, "quant_max": observer.quant_max}
+        exact = clipped_fraction(x, scale=r["scale"], zero_point=r["zero_point"], **grid)
+        assert exact > 0.05, method  # the pixels at 1.0 lie past both ranges' last boundary
+        assert r["clipped_least"] <= exact <= r["clipped_most"], (method, exact, r)
+    wider, narrower = sorted(rows.values(), key=lambda r: r["high"] - r["low"], reverse=True)
+    assert wider["clipped_fraction"] <= narrower["clipped_fraction"]
