@@ -189,7 +189,7 @@ class CalibrationExplorer:
         producer, _, consumer = (s.strip() for s in tensor.partition("->"))
         try:
             group = self.model.plan.group_of(producer, consumer or None)
-        except KeyError:
+        except ConfigError:
             raise ConfigError(
                 f"{tensor!r} is neither a HistogramObserver ({', '.join(self.observers)}) nor a "
                 f"tensor the plan observes"
