@@ -5,11 +5,7 @@ element lies in ``[low, high]`` (the observer guarantees it: the range always co
 torch's CPU kernel puts an element in bin ``trunc((x - low) * bins / (high - low))`` (float32
 arithmetic; the value ``high`` goes to the last bin) and visits elements one at a time through a
 generic N-d loop, about 8 ns each. Here the same arithmetic runs as vectorized tensor operations
-on cache-sized blocks, with ``torch.bincount`` counting. ``bincount`` is single-threaded and is
-most of the cost (about 1 ns an element, more on ReLU outputs, whose zeros all land in one
-bin); when torch may use two threads, the two halves of each index are counted on two threads
-and added, which is exact (integer counts add up the same in any order) and about 1.3 to 1.8x
-faster than counting on one (see ``benchmarks/pt2e_flow.py``). When ``bins`` is a power
+on cache-sized blocks, with ``torch.bincount`` counting: about 6x faster. When ``bins`` is a power
 of two, ``(x - low) * bins / w`` equals ``(x - low) / (w / bins)`` exactly (scaling by a power of
 two is exact), which saves a pass. Anything else (other dtypes, other devices, a degenerate
 range, over 2^24 elements, where torch's float32 counters could saturate) calls ``torch.histc``
@@ -31,16 +27,12 @@ Example:
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 __all__ = ["histc", "rebin"]
 
 _BLOCK = 1 << 17  # elements per step: 512 KiB of float32 scratch stays in cache
-_ROUND = 1 << 21  # elements indexed before counting: 8 MiB of int32 scratch at most
-_SPLIT_MIN = 1 << 16  # shorter indexes are counted on the calling thread alone
-_POOL: ThreadPoolExecutor | None = None
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
@@ -79,48 +71,23 @@ def histc(x: torch.Tensor, bins: int, low: torch.Tensor, high: torch.Tensor) -> 
     step = width / bins
     exact_step = bins & (bins - 1) == 0 and float(step) >= _FLOAT32_TINY
     flat = x.reshape(-1)
-    size = min(flat.numel(), _ROUND)
-    scaled = torch.empty(min(size, _BLOCK), dtype=torch.float32)
+    size = min(flat.numel(), _BLOCK)
+    scaled = torch.empty(size, dtype=torch.float32)
     index = torch.empty(size, dtype=torch.int32)
     counts = torch.zeros(bins + 1, dtype=torch.int64)
-    for start in range(0, flat.numel(), _ROUND):
-        part = flat[start : start + _ROUND]
-        idx = index[: part.numel()]
-        for offset in range(0, part.numel(), _BLOCK):  # cache-sized steps, 2 intra-op threads
-            block = part[offset : offset + _BLOCK]
-            pos = scaled[: block.numel()]
-            torch.sub(block, low, out=pos)
-            if exact_step:
-                pos.div_(step)
-            else:
-                pos.mul_(bins).div_(width)
-            idx[offset : offset + block.numel()].copy_(pos)  # float -> int truncates
-        counts += _count(idx, bins + 1)
+    for start in range(0, flat.numel(), _BLOCK):
+        block = flat[start : start + _BLOCK]
+        pos = scaled[: block.numel()]
+        torch.sub(block, low, out=pos)
+        if exact_step:
+            pos.div_(step)
+        else:
+            pos.mul_(bins).div_(width)
+        idx = index[: block.numel()]
+        idx.copy_(pos)  # float -> int truncates, as the kernel's static_cast
+        counts += torch.bincount(idx, minlength=bins + 1)
     counts[bins - 1] += counts[bins]  # the value `high` itself belongs to the last bin
     return counts[:bins].to(torch.float32)
-
-
-def _count(index: torch.Tensor, length: int) -> torch.Tensor:
-    """``torch.bincount(index, minlength=length)``, the halves counted on two threads.
-
-    ``bincount`` runs on one thread; integer counts of two halves add up to the same counts in
-    any order, so splitting is exact. Used when torch may use more than one thread and the
-    index is long enough to pay for the hand-off (about 20 us).
-    """
-    if torch.get_num_threads() < 2 or index.numel() < _SPLIT_MIN:
-        return torch.bincount(index, minlength=length)
-    half = index.numel() // 2
-    other = _worker().submit(torch.bincount, index[half:], minlength=length)
-    counts = torch.bincount(index[:half], minlength=length)
-    return counts + other.result()
-
-
-def _worker() -> ThreadPoolExecutor:
-    """One helper thread, started on first use (nothing happens at import)."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qviz-histc")
-    return _POOL
 
 
 def rebin(
