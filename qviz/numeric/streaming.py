@@ -133,7 +133,8 @@ class GridStats:
         self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
         below, above = clip_limits(self.scale, self.zero_point, self.quant_min, self.quant_max)
         if float(low) < below or float(high) > above:
-            beyond = (x.double() < below) | (x.double() > above)
+            wide = x.double()
+            beyond = (wide < below) | (wide > above)
             self.outside += int(beyond.sum())
         q = torch.fake_quantize_per_tensor_affine(
             x, self.scale, self.zero_point, self.quant_min, self.quant_max

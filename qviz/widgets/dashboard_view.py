@@ -18,6 +18,8 @@ import io
 import math
 from typing import Any
 
+from qviz.widgets.layout import scrolling
+
 __all__ = ["build_view", "figure_png", "history_html", "refresh_view", "row_label"]
 
 _STYLE = (
@@ -49,8 +51,6 @@ _CAPTION = (
 
 def history_html(history: list[dict[str, Any]]) -> str:
     """The runs as a table: layers in float, output SQNR and metric, each against the first."""
-    from qviz.widgets.layout import scrolling
-
     if not history:
         return ""
     first = history[0]
@@ -96,7 +96,7 @@ def build_view(dash: Any, with_graph: bool) -> None:
     import ipywidgets as w
 
     from qviz.widgets.dashboard import COLOR_COLUMNS, SORT_COLUMNS
-    from qviz.widgets.layout import prepare_panel, row, split
+    from qviz.widgets.layout import row, split
 
     st = dash.state
     dash._sort = w.Dropdown(options=list(SORT_COLUMNS), value=st.sort_by, description="sort by")
@@ -133,10 +133,7 @@ def build_view(dash: Any, with_graph: bool) -> None:
         ]
     )
     dash._graph = _graph(dash) if with_graph else None
-    if dash._graph is None:
-        top = prepare_panel(panel)
-    else:
-        top = split(dash._graph, panel, graph_width="45%")
+    top = split(dash._graph, panel, graph_width="45%")
     dash.widget = w.VBox([top, dash._detail_note, dash._detail])
 
 

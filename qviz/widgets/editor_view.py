@@ -50,7 +50,7 @@ def build_view(editor: Any, with_graph: bool) -> None:
     """Create the graph widget and the controls, wired to the editor's Python methods."""
     import ipywidgets as w
 
-    from qviz.widgets.layout import prepare_panel, row, split
+    from qviz.widgets.layout import row, split
 
     c = {
         "target": w.Dropdown(
@@ -85,10 +85,7 @@ def build_view(editor: Any, with_graph: bool) -> None:
          row(list(buttons.values())), code_box],
     )  # fmt: skip
     editor._graph = _graph_widget(editor) if with_graph else None
-    if editor._graph is None:
-        editor.widget = prepare_panel(controls)
-    else:
-        editor.widget = split(editor._graph, controls)
+    editor.widget = split(editor._graph, controls)
 
 
 def _graph_widget(editor: Any) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from qviz.widgets.layout import scrolling
+
 __all__ = ["build_view", "label_of", "refresh_view"]
 
 
@@ -33,7 +35,7 @@ def build_view(explorer: Any, with_graph: bool) -> None:
     import ipywidgets as w
 
     from qviz.widgets.explorer import METHODS
-    from qviz.widgets.layout import prepare_panel, row, split
+    from qviz.widgets.layout import row, split
 
     st = explorer.state
     explorer._observer = w.Dropdown(
@@ -72,10 +74,7 @@ def build_view(explorer: Any, with_graph: bool) -> None:
         ]
     )
     explorer._graph = _graph(explorer) if with_graph else None
-    if explorer._graph is None:
-        explorer.widget = prepare_panel(panel)
-    else:
-        explorer.widget = split(explorer._graph, panel, graph_width="45%")
+    explorer.widget = split(explorer._graph, panel, graph_width="45%")
 
 
 def _wire(explorer: Any) -> None:
@@ -122,7 +121,6 @@ def refresh_view(explorer: Any) -> None:
     """Show the explorer's state: controls, histogram, table, status."""
     from qviz.viz.histogram_svg import rows_html
     from qviz.widgets.explorer import histogram_of
-    from qviz.widgets.layout import scrolling
 
     st = explorer.state
     explorer._syncing = True

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PANEL_CSS", "breakable", "prepare_panel", "row", "scrolling", "split"]
+__all__ = ["PANEL_CSS", "breakable", "row", "scrolling", "split"]
 
 _BREAK = re.compile(r"(?<=_)|(?<=[a-z0-9])(?=[A-Z])")
 
@@ -37,8 +37,8 @@ PANEL_CSS = (
     ".qviz-panel .widget-toggle-buttons {flex-wrap: wrap; max-width: 100%}"
     ".qviz-panel .widget-toggle-buttons .widget-toggle-button {max-width: 100%}"
     ".qviz-scroll {max-width: 100%; overflow-x: auto}"
-    ".qviz-scroll table th, .qviz-scroll table td {padding: 2px 6px}"
-    ".qviz-scroll table td, .qviz-scroll table th {white-space: normal; overflow-wrap: normal}"
+    ".qviz-scroll table th, .qviz-scroll table td "
+    "{padding: 2px 6px; white-space: normal; overflow-wrap: normal}"
     "</style>"
 )
 
@@ -69,8 +69,9 @@ def scrolling(table_html: str) -> str:
     return f'<div class="qviz-scroll">{table_html}</div>'
 
 
-def split(graph: Any, panel: Any, *, graph_width: str = "48%") -> Any:
-    """``graph`` (a GraphWidget) and ``panel`` side by side, the panel kept inside the cell.
+def split(graph: Any | None, panel: Any, *, graph_width: str = "48%") -> Any:
+    """``graph`` (a GraphWidget) and ``panel`` side by side, the panel kept inside the cell;
+    without a graph (``graph=None``), the panel alone.
 
     Args:
         graph: the graph pane; it starts at ``graph_width`` and the user can drag its edge.
@@ -79,16 +80,18 @@ def split(graph: Any, panel: Any, *, graph_width: str = "48%") -> Any:
     """
     import ipywidgets as w
 
+    if graph is None:
+        return _prepare_panel(panel)
     graph.layout.width = graph_width
     graph.layout.flex = "0 0 auto"
     graph.layout.min_width = "200px"
-    prepare_panel(panel)
+    _prepare_panel(panel)
     return w.HBox(
         [graph, panel], layout=w.Layout(width="100%", align_items="flex-start", overflow="hidden")
     )
 
 
-def prepare_panel(panel: Any) -> Any:
+def _prepare_panel(panel: Any) -> Any:
     """Give ``panel`` the rest of the width, the panel rules and its style sheet; return it."""
     import ipywidgets as w
 

@@ -101,6 +101,7 @@ function placeSvg(view, text) {
   const [x0, y0, w, h] = viewBoxOf(svg);
   view.box = { x0, y0, w, h };
   view.fontSize = typicalFontSize(svg);
+  view.top = undefined; // topNode() measures the new drawing once it is laid out
   for (const attr of ["width", "height", "viewBox"]) svg.removeAttribute(attr);
   svg.setAttribute("width", "100%");
   svg.setAttribute("height", "100%");
@@ -125,9 +126,9 @@ function size(view) {
 }
 
 // The first view fits the graph to the pane's width, never smaller than MIN_TEXT_PX for the
-// typical label and never larger than MAX_OPEN_SCALE; a graph that is then wider or taller
-// than the pane opens at its top left (pan or zoom out for the rest). "reset" shows the whole
-// graph, however small.
+// typical label and never larger than MAX_OPEN_SCALE; a graph that is then wider than the pane
+// opens centred on its topmost node (openLeft), one taller than the pane at its top (pan or
+// zoom out for the rest). "reset" shows the whole graph, however small.
 const MIN_TEXT_PX = 11;
 const MAX_OPEN_SCALE = 1.5;
 
@@ -136,14 +137,23 @@ function openScale(view, cw) {
   return Math.max(legible, Math.min(cw / view.box.w, MAX_OPEN_SCALE));
 }
 
-// A graph wider than the pane opens with its topmost node (where the data comes in; the legend
-// does not count) in the middle of the pane, without empty space beside the drawing.
+// The box of the drawing's topmost node (where the data comes in; the legend does not count),
+// in drawing coordinates: found once per drawing, since every resize re-opens the view.
+function topNode(view) {
+  if (view.top === undefined) {
+    const nodes = groups(view, "node").filter((g) => titleOf(g) !== "legend").map((g) => boxOf(view, g));
+    view.top = nodes.length ? nodes.reduce((a, b) => (b.y < a.y ? b : a)) : null;
+  }
+  return view.top;
+}
+
+// A graph wider than the pane opens with its topmost node in the middle of the pane, without
+// empty space beside the drawing.
 function openLeft(view, cw) {
   const { x0, w } = view.box;
   const k = view.k;
-  const nodes = groups(view, "node").filter((g) => titleOf(g) !== "legend").map((g) => boxOf(view, g));
-  if (!nodes.length) return 8 - k * x0;
-  const top = nodes.reduce((a, b) => (b.y < a.y ? b : a));
+  const top = topNode(view);
+  if (!top) return 8 - k * x0;
   const want = cw / 2 - k * (top.x + top.width / 2);
   return Math.min(8 - k * x0, Math.max(cw - 8 - k * (x0 + w), want));
 }
