@@ -18,13 +18,23 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.specs import Q_ANNOTATION_KEY, EdgeOrNode, QuantizationSpecBase, as_annotation
+from qviz.engine.specs import (
+    Q_ANNOTATION_KEY,
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    QuantizationAnnotation,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+    as_annotation,
+)
 from qviz.errors import AnnotationError
 
-__all__ = ["collect_specs"]
+__all__ = ["collect_specs", "rebind_annotations"]
 
 
 def _check_edge(node: Node, producer: object) -> None:
@@ -67,3 +77,54 @@ def collect_specs(
         if annotation.output_qspec is not None:
             specs[node] = annotation.output_qspec
     return specs, lambda node: implicit.get(node, True)
+
+
+def _rebind_key(key: Any, nodes: dict[str, Node]) -> Any:
+    if isinstance(key, tuple):
+        return tuple(_rebind_key(k, nodes) for k in key)
+    if isinstance(key, Node):
+        return nodes.get(key.name, key)
+    return key
+
+
+def _rebind_spec(spec: Any, nodes: dict[str, Node]) -> Any:
+    if isinstance(spec, SharedQuantizationSpec):
+        return SharedQuantizationSpec(_rebind_key(spec.edge_or_node, nodes))
+    if isinstance(spec, DerivedQuantizationSpec):
+        return replace(spec, derived_from=[_rebind_key(k, nodes) for k in spec.derived_from])
+    return spec
+
+
+def rebind_annotations(gm: GraphModule) -> GraphModule:
+    """Point the annotations of a copied graph at the copy's own nodes (in place).
+
+    ``copy.deepcopy`` of a graph module copies ``node.meta`` but leaves the Node objects inside
+    annotations (``input_qspec_map`` keys, shared and derived specs) pointing at the original
+    graph; convert works on a copy, and the passes after it (one dequantize per consumer,
+    metadata porting) follow annotation keys through the graph, so they are rebound by name.
+
+    Example:
+        >>> import copy, torch
+        >>> from qviz.engine.specs import QuantizationAnnotation
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> x, relu = list(gm.graph.nodes)[:2]
+        >>> relu.meta["quantization_annotation"] = QuantizationAnnotation({x: None})
+        >>> c = rebind_annotations(copy.deepcopy(gm))
+        >>> key = next(iter(list(c.graph.nodes)[1].meta["quantization_annotation"].input_qspec_map))
+        >>> key.graph is c.graph
+        True
+    """
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        annotation = node.meta.get(Q_ANNOTATION_KEY)
+        if not isinstance(annotation, QuantizationAnnotation):
+            continue
+        node.meta[Q_ANNOTATION_KEY] = replace(
+            annotation,
+            input_qspec_map={
+                _rebind_key(k, nodes): _rebind_spec(s, nodes)
+                for k, s in annotation.input_qspec_map.items()
+            },
+            output_qspec=_rebind_spec(annotation.output_qspec, nodes),
+        )
+    return gm

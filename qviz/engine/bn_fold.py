@@ -1,11 +1,13 @@
-"""Fold inference BatchNorm into the convolution that feeds it (a graph pass, in place).
+"""Fold inference BatchNorm into the convolution or linear that feeds it (a graph pass, in place).
 
 ``bn(conv(x, w, b))`` becomes ``conv(x, w', b')`` through
-``torch.nn.utils.fusion.fuse_conv_bn_weights``, the same arithmetic the reference uses, so
-folded weights agree bit for bit. A pair is folded only when it is safe: the conv output feeds
-nothing but the BatchNorm, and its weight is not shared with another conv. Other pairs stay as
-they are (the reference folds them anyway, which changes what the conv's other users or the
-weight's other convs compute); :func:`fold_batch_norm` returns them so the plan can say why.
+``torch.nn.utils.fusion.fuse_conv_bn_weights`` (``fuse_linear_bn_weights`` for ``linear``), the
+same arithmetic the reference uses, so folded weights agree bit for bit. A pair is folded only
+when it is safe: the conv output feeds nothing but the BatchNorm, and its weight is not shared
+with another conv. Other pairs stay as they are (the reference folds them anyway, which changes
+what the conv's other users or the weight's other convs compute); :func:`fold_batch_norm`
+returns them so the plan can say why. A linear on a 3-D input is not folded either (and a
+warning says so): Linear transforms the last dimension, BatchNorm1d normalizes dimension 1.
 
 Example:
     >>> import torch
@@ -22,15 +24,16 @@ Example:
 from __future__ import annotations
 
 import operator
+import warnings
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.nn.utils.fusion import fuse_conv_bn_weights
+from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 from qviz.engine.constants import get_attr_value
 from qviz.engine.handles import COMPARE_AS, handle
 
-__all__ = ["BN_OPS", "CONV_OPS", "fold_batch_norm", "fused_conv_bn_params"]
+__all__ = ["BN_OPS", "CONV_OPS", "LINEAR_OPS", "fold_batch_norm", "fused_conv_bn_params"]
 
 aten = torch.ops.aten
 CONV_OPS = {
@@ -46,6 +49,7 @@ TRANSPOSED_CONV_OPS = {
     aten.conv_transpose2d.input,
     aten.conv_transpose3d.input,
 }
+LINEAR_OPS = {aten.linear.default}
 BN_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default}
 _EPS_INDEX = {aten.batch_norm.default: 7, aten._native_batch_norm_legit_no_training.default: 6}
 
@@ -76,11 +80,24 @@ def _bias_target(gm: GraphModule, weight: str) -> str:
     return f"{weight}_bias"
 
 
+def _linear_on_3d(linear: Node) -> str | None:
+    val = linear.args[0].meta.get("val") if isinstance(linear.args[0], Node) else None
+    if isinstance(val, torch.Tensor) and val.ndim > 2:
+        return (
+            f"Not fusing linear+bn for node '{linear.name}': the linear input is {val.ndim}-D, so "
+            f"Linear (last dimension) and BatchNorm (dimension 1) act on different dimensions"
+        )
+    return None
+
+
 def _foldable(bn: Node) -> tuple[Node, str | None]:
-    """The conv feeding ``bn`` and why it cannot be folded (None when it can)."""
+    """The conv (or linear) feeding ``bn`` and why it cannot be folded (None when it can)."""
     conv = bn.args[0]
-    if not isinstance(conv, Node) or conv.target not in CONV_OPS | TRANSPOSED_CONV_OPS:
-        return conv, "not preceded by a convolution"
+    if not isinstance(conv, Node) or conv.target not in CONV_OPS | TRANSPOSED_CONV_OPS | LINEAR_OPS:
+        return conv, "not preceded by a convolution or linear"
+    if conv.target in LINEAR_OPS and _linear_on_3d(conv):
+        warnings.warn(_linear_on_3d(conv), stacklevel=4)
+        return conv, _linear_on_3d(conv)
     if len(conv.users) != 1:
         return (
             conv,
@@ -96,7 +113,7 @@ def _foldable(bn: Node) -> tuple[Node, str | None]:
 def fused_conv_bn_params(
     gm: GraphModule, conv: Node, bn: Node
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight and bias of ``conv`` with ``bn`` folded in, computed from ``gm``'s constants.
+    """The weight and bias of ``conv`` (or a linear) with ``bn`` folded in, from ``gm``'s constants.
 
     Example:
         >>> import torch, qviz
@@ -112,12 +129,17 @@ def fused_conv_bn_params(
     bias_node = conv.args[2] if len(conv.args) > 2 else None
     args = list(bn.args) + [None] * (8 - len(bn.args))
     bn_w, bn_b, mean, var = (_constant(gm, a) for a in args[1:5])
+    eps = bn.args[_EPS_INDEX[bn.target]]
+    if conv.target in LINEAR_OPS:
+        return fuse_linear_bn_weights(
+            _constant(gm, weight_node), _constant(gm, bias_node), mean, var, eps, bn_w, bn_b
+        )
     return fuse_conv_bn_weights(
         _constant(gm, weight_node),
         _constant(gm, bias_node),
         mean,
         var,
-        bn.args[_EPS_INDEX[bn.target]],
+        eps,
         bn_w,
         bn_b,
         transpose=conv.target in TRANSPOSED_CONV_OPS,
@@ -152,7 +174,7 @@ def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
 
 
 def fold_batch_norm(gm: GraphModule) -> list[tuple[str, str]]:
-    """Fold every safe conv → BatchNorm pair of ``gm`` in place.
+    """Fold every safe conv → BatchNorm (and 2-D linear → BatchNorm) pair of ``gm`` in place.
 
     Returns:
         ``(batch_norm_node_name, reason)`` for each BatchNorm left unfolded.

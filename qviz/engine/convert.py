@@ -1,11 +1,18 @@
 """convert_pt2e: observers become quantize/dequantize ops; constant weights become int8 tensors.
 
-Each observer call is replaced by ``quantized_decomposed`` ops with the observer's qparams:
-``quantize_per_tensor``/``dequantize_per_tensor`` (Python float scale and int zero_point),
-``quantize_per_channel``/``dequantize_per_channel`` (scale and zero_point stored as buffers), or
-for dynamic quantization ``choose_qparams`` then the ``.tensor`` variants. With ``fold_quantize``
-a quantized constant (a weight) is computed once and stored as an integer tensor, so the model
-keeps only ``dequantize`` for it. The prepared model is left as it is (convert works on a copy).
+On a copy of the prepared model, in the reference's order:
+
+1. each observer call becomes the q/dq ops of its qparams (:mod:`qviz.engine.observer_to_qdq`:
+   per tensor, per channel, dynamic, float16, or the observer's own ``convert``);
+2. each annotated consumer of a shared dequantize gets its own (:mod:`qviz.engine.duplicate_dq`),
+   the layout backend partitioners match;
+3. the quantized operators' ``quantization_tag`` and ``stack_trace`` are copied onto their q/dq
+   nodes (:mod:`qviz.engine.port_metadata`);
+4. with ``fold_quantize``, every quantize op on a constant (a weight, also through ``t`` or
+   ``permute``) is computed once and stored as an integer tensor
+   (:mod:`qviz.engine.constant_fold`), so the model keeps only ``dequantize`` for it.
+
+The prepared model is left as it is.
 
 Example:
     >>> import torch, qviz
@@ -22,26 +29,26 @@ Example:
 from __future__ import annotations
 
 import copy
-import operator
+import warnings
 
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from qviz.engine.compat import quantized_decomposed
-from qviz.engine.constants import get_attr_value
+from qviz.engine.annotations import rebind_annotations
+from qviz.engine.constant_fold import fold_quantized_constants
+from qviz.engine.duplicate_dq import duplicate_dequantize
+from qviz.engine.observer_to_qdq import FLOAT_DTYPES, replace_observer
 from qviz.engine.plan import QParams, QuantPlan
+from qviz.engine.port_metadata import port_metadata
 from qviz.engine.stage import Stage, is_observer, model_stage
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["convert_pt2e", "is_observer"]
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_symmetric)
-
 
 def _saw_no_data(obs: nn.Module) -> bool:
-    if getattr(obs, "is_dynamic", False) or obs.dtype in _FLOAT_DTYPES:
+    if getattr(obs, "is_dynamic", False) or getattr(obs, "dtype", None) in FLOAT_DTYPES:
         return False
     if type(obs).__name__ in ("FixedQParamsObserver", "DerivedQParamsObserver"):
         return False
@@ -51,7 +58,9 @@ def _saw_no_data(obs: nn.Module) -> bool:
     return isinstance(min_val, torch.Tensor) and bool(torch.isinf(min_val).all())
 
 
-def _check_calibrated(gm: GraphModule, nodes: list[Node], plan: QuantPlan | None) -> None:
+def _check_calibrated(
+    gm: GraphModule, nodes: list[Node], plan: QuantPlan | None, allow_uncalibrated: bool
+) -> None:
     targets = dict.fromkeys(str(n.target) for n in nodes)  # graph order, each once
     unseen = [t for t in targets if _saw_no_data(gm.get_submodule(t))]
     if not unseen:
@@ -64,81 +73,29 @@ def _check_calibrated(gm: GraphModule, nodes: list[Node], plan: QuantPlan | None
             if g.observer == name
         ]
         lines.append(f"  {name} (observes {members[0] if members else 'a tensor'})")
+    if allow_uncalibrated:
+        warnings.warn(
+            f"convert_pt2e(allow_uncalibrated=True): {len(unseen)} observer(s) saw no data and "
+            f"get their default qparams (scale 1.0, zero_point 0 for min/max observers):\n"
+            + "\n".join(lines),
+            stacklevel=3,
+        )
+        return
     raise CalibrationError(
         f"{len(unseen)} observer(s) saw no data, so their qparams would be meaningless:\n"
         + "\n".join(lines)
         + "\nrun calibration batches through the prepared model first (qviz.calibrate), and "
-        "check that the inputs reach these tensors"
+        "check that the inputs reach these tensors; to convert anyway with the observers' "
+        "default qparams (a structural test, a graph to lower), pass allow_uncalibrated=True"
     )
-
-
-def _new_attr(gm: GraphModule, prefix: str, value: torch.Tensor) -> str:
-    index = 0
-    while hasattr(gm, f"{prefix}{index}"):
-        index += 1
-    gm.register_buffer(f"{prefix}{index}", value)
-    return f"{prefix}{index}"
-
-
-def _qdq_ops(gm: GraphModule, node: Node, obs: nn.Module) -> tuple[object, object, tuple, QParams]:
-    """The quantize and dequantize ops for an observer, their qparam arguments, the record."""
-    ops = quantized_decomposed()
-    scale, zero_point = obs.calculate_qparams()
-    common = (obs.quant_min, obs.quant_max, obs.dtype)
-    if obs.qscheme in _PER_CHANNEL:
-        with gm.graph.inserting_before(node):
-            s = gm.graph.get_attr(_new_attr(gm, "_scale_", scale))
-            z = gm.graph.get_attr(_new_attr(gm, "_zero_point_", zero_point))
-        record = QParams(tuple(scale.tolist()), tuple(int(v) for v in zero_point.tolist()))
-        return (
-            ops.quantize_per_channel.default,
-            ops.dequantize_per_channel.default,
-            (s, z, obs.ch_axis, *common),
-            record,
-        )
-    scale, zero_point = float(scale), int(zero_point)
-    return (
-        ops.quantize_per_tensor.default,
-        ops.dequantize_per_tensor.default,
-        (scale, zero_point, *common),
-        QParams(scale, zero_point),
-    )
-
-
-def _eager(gm: GraphModule, args: tuple) -> tuple:
-    return tuple(get_attr_value(gm, a) if isinstance(a, Node) else a for a in args)
-
-
-def _replace_static(gm: GraphModule, node: Node, obs: nn.Module, fold: bool) -> QParams:
-    source = node.args[0]
-    q_op, dq_op, qargs, record = _qdq_ops(gm, node, obs)
-    with gm.graph.inserting_before(node):
-        if fold and source.op == "get_attr":
-            value = q_op(get_attr_value(gm, source), *_eager(gm, qargs))
-            quantized = gm.graph.get_attr(_new_attr(gm, "_frozen_param", value))
-        else:
-            quantized = gm.graph.call_function(q_op, (source, *qargs))
-        dequantized = gm.graph.call_function(dq_op, (quantized, *qargs))
-    node.replace_all_uses_with(dequantized)
-    return record
-
-
-def _replace_dynamic(gm: GraphModule, node: Node, obs: nn.Module) -> None:
-    ops = quantized_decomposed()
-    source, eps = node.args[0], getattr(obs, "eps", torch.finfo(torch.float32).eps)
-    qmin, qmax, dtype = obs.quant_min, obs.quant_max, obs.dtype
-    with gm.graph.inserting_before(node):
-        chosen = gm.graph.call_function(ops.choose_qparams.tensor, (source, qmin, qmax, eps, dtype))
-        scale = gm.graph.call_function(operator.getitem, (chosen, 0))
-        zero_point = gm.graph.call_function(operator.getitem, (chosen, 1))
-        args = (scale, zero_point, qmin, qmax, dtype)
-        quantized = gm.graph.call_function(ops.quantize_per_tensor.tensor, (source, *args))
-        dequantized = gm.graph.call_function(ops.dequantize_per_tensor.tensor, (quantized, *args))
-    node.replace_all_uses_with(dequantized)
 
 
 def convert_pt2e(
-    model: GraphModule, *, fold_quantize: bool = True, use_reference_representation: bool = False
+    model: GraphModule,
+    *,
+    fold_quantize: bool = True,
+    use_reference_representation: bool = False,
+    allow_uncalibrated: bool = False,
 ) -> GraphModule:
     """Replace the observers of a calibrated model by quantize/dequantize ops; return the copy.
 
@@ -149,19 +106,33 @@ def convert_pt2e(
             arithmetic (int16 widening, int32 accumulation, requantize), for teaching; it
             matches the quantize/dequantize form within one quantization step
             (:mod:`qviz.engine.reference_representation`). Needs ``fold_quantize``.
+        allow_uncalibrated: convert observers that saw no data with their default qparams
+            (what the reference does silently), with a warning that lists them, instead of
+            refusing. For graphs whose numbers do not matter: a structural test, a lowering
+            dry run.
 
     Raises:
-        CalibrationError: observers that saw no data, each listed with the tensors it observes.
+        CalibrationError: observers that saw no data, each listed with the tensors it observes
+            (unless ``allow_uncalibrated``).
     """
     if not isinstance(model, GraphModule):
         raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
-    gm = copy.deepcopy(model)  # GraphModule's deepcopy keeps the graph and state, not .plan
+    # GraphModule's deepcopy keeps the graph and state, not .plan
+    gm = rebind_annotations(copy.deepcopy(model))
     plan = getattr(model, "plan", None)
     nodes = [
         n
         for n in gm.graph.nodes
         if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
     ]
+    if not nodes and plan is not None and not plan.groups:
+        warnings.warn(
+            "convert_pt2e: the quantizer annotated nothing in this model, so it stays as it "
+            f"was; model.plan.float_nodes says why for each operator ({len(plan.float_nodes)})",
+            stacklevel=2,
+        )
+        gm.plan = plan
+        return gm
     if not nodes:
         converted = model_stage(model) is Stage.CONVERTED
         raise ConfigError(
@@ -171,17 +142,16 @@ def convert_pt2e(
             else "convert_pt2e got a model with no observers: it was never prepared; run "
             "qviz.prepare_pt2e(exported, quantizer), calibrate the result, then convert that"
         )
-    _check_calibrated(gm, nodes, plan)
+    _check_calibrated(gm, nodes, plan, allow_uncalibrated)
     qparams: dict[str, QParams] = {}
     for node in nodes:
-        obs = gm.get_submodule(node.target)
-        if getattr(obs, "is_dynamic", False):
-            _replace_dynamic(gm, node, obs)
-        elif obs.dtype in _FLOAT_DTYPES:
-            node.replace_all_uses_with(node.args[0])
-        else:
-            qparams[str(node.target)] = _replace_static(gm, node, obs, fold_quantize)
-        gm.graph.erase_node(node)
+        record = replace_observer(gm, node, gm.get_submodule(node.target))
+        if record is not None:
+            qparams[str(node.target)] = record
+    duplicate_dequantize(gm)
+    port_metadata(gm)
+    if fold_quantize:
+        fold_quantized_constants(gm)
     _drop_dead_constants(gm)
     for name in {str(n.target) for n in nodes}:
         delattr(gm, name)

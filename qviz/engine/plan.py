@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
 from qviz.engine.sharing import Sharing
 from qviz.engine.specs import (
@@ -155,6 +155,8 @@ class TensorRecord:
     how: str
     via: TensorRef | None
     spec: SpecSummary
+    #: Why this member of the group has no observer call of its own ("" when it has one).
+    unobserved: str = ""
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,8 @@ class QuantPlan:
             for ref in g.members:
                 rec = records[ref]
                 via = f" via {rec.via}" if rec.via and rec.how != "own spec" else ""
-                lines.append(f"    {ref}  [{rec.how}{via}]")
+                note = f" (not observed: {rec.unobserved})" if rec.unobserved else ""
+                lines.append(f"    {ref}  [{rec.how}{via}]{note}")
         if self.float_nodes:
             lines.append(f"  left in float: {len(self.float_nodes)}")
             for f in self.float_nodes:
@@ -282,6 +285,13 @@ def _describe_group(g: GroupRecord) -> str:
     return text
 
 
+def _quantized_earlier(node: Node) -> bool:
+    """``node`` sits between the q/dq ops of an earlier convert (re-entrant quantization): it
+    reads a dequantize or feeds a quantize, so it is not left in float."""
+    names = [getattr(n.target, "__name__", "") for n in (*node.all_input_nodes, *node.users)]
+    return any(name.startswith(("dequantize_per", "quantize_per")) for name in names)
+
+
 def _float_records(
     gm: GraphModule, observed: set[str], unfolded_bn: dict[str, str]
 ) -> tuple[FloatRecord, ...]:
@@ -300,9 +310,10 @@ def _float_records(
             )
             continue
         reason = node.meta.get("qviz_float_reason", FloatReason.UNANNOTATED.value)
-        out.append(
-            FloatRecord(node.name, op, FloatReason(reason), node.meta.get("qviz_float_detail", ""))
-        )
+        if reason == FloatReason.UNANNOTATED.value and _quantized_earlier(node):
+            continue
+        detail = node.meta.get("qviz_float_detail", "")
+        out.append(FloatRecord(node.name, op, FloatReason(reason), detail))
     return tuple(out)
 
 
@@ -312,8 +323,13 @@ def build_plan(
     specs: dict[EdgeOrNode, QuantizationSpecBase],
     observer_names: dict[int, str],
     unfolded_bn: dict[str, str],
+    unobserved: dict[EdgeOrNode, str] | None = None,
 ) -> QuantPlan:
-    """Records of ``sharing`` on ``gm`` (pure: reads the graph, changes nothing)."""
+    """Records of ``sharing`` on ``gm`` (pure: reads the graph, changes nothing).
+
+    ``unobserved`` gives the members that get no observer call, each with the reason.
+    """
+    unobserved = unobserved or {}
     tensors = tuple(
         TensorRecord(
             tensor=TensorRef.of(key),
@@ -321,6 +337,7 @@ def build_plan(
             how=str(m.how),
             via=TensorRef.of(m.via) if m.via is not None else None,
             spec=SpecSummary.of(specs[key]),
+            unobserved=unobserved.get(key, ""),
         )
         for key, m in sharing.members.items()
     )

@@ -9,7 +9,8 @@ Everything happens on a copy: the caller's graph module is never changed. The st
 4. one observer module is created per group, from the group's concrete spec;
 5. observer calls are inserted: after a producer whose output is observed (all its users then
    read the observed tensor), or on the edge into a consumer; a tensor is observed once per
-   group however many edges of that group read it.
+   group however many edges of that group read it. A buffer an in-place op writes into (model
+   state, :mod:`qviz.engine.mutation`) is not observed on that edge; the plan says so.
 
 The result carries ``.plan``, the :class:`~qviz.engine.plan.QuantPlan` of these decisions.
 
@@ -35,6 +36,7 @@ from torch.fx import GraphModule, Node
 from qviz.engine.annotations import collect_specs
 from qviz.engine.bn_fold import fold_batch_norm
 from qviz.engine.handles import assign_handles
+from qviz.engine.mutation import is_written_buffer_edge
 from qviz.engine.plan import build_plan
 from qviz.engine.sharing import Sharing, describe, resolve_sharing
 from qviz.engine.specs import (
@@ -49,6 +51,11 @@ from qviz.engine.stage import Stage, model_stage
 from qviz.errors import AnnotationError, ConfigError
 
 __all__ = ["annotate_pt2e", "prepare_pt2e"]
+
+_WRITTEN_BUFFER = (
+    "buffer written in place: the model's state is not observed; the values written into it "
+    "and the result are, with this group's qparams"
+)
 
 
 def _observer_from_spec(spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Module]) -> nn.Module:
@@ -171,8 +178,13 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     specs, implicit = collect_specs(gm)
     sharing = resolve_sharing(specs, implicit=implicit)
     key_to_name, group_names = _register(gm, sharing, quantizer)
-    _insert_observers(gm, key_to_name)
-    gm.plan = build_plan(gm, sharing, specs, group_names, unfolded)
+    unobserved = {
+        key: _WRITTEN_BUFFER
+        for key in key_to_name
+        if isinstance(key, tuple) and is_written_buffer_edge(gm, *key)
+    }
+    _insert_observers(gm, {k: v for k, v in key_to_name.items() if k not in unobserved})
+    gm.plan = build_plan(gm, sharing, specs, group_names, unfolded, unobserved)
     return gm
 
 
