@@ -38,7 +38,7 @@ from torch.fx import GraphModule, Node
 from qviz.engine.annotations import rebind_annotations
 from qviz.engine.constant_fold import fold_quantized_constants
 from qviz.engine.duplicate_dq import duplicate_dequantize
-from qviz.engine.observer_to_qdq import FLOAT_DTYPES, replace_observer
+from qviz.engine.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
 from qviz.engine.plan import QParams, QuantPlan
 from qviz.engine.port_metadata import port_metadata
 from qviz.engine.stage import Stage, is_observer, model_stage
@@ -159,7 +159,7 @@ def convert_pt2e(
     gm.recompile()
     if plan is not None:
         by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
-        gm.plan = plan.with_qparams(by_group)
+        gm.plan = plan.with_qparams(by_group, _nodes_by_group(gm, plan))
     if use_reference_representation:
         if not fold_quantize:
             raise ConfigError(
@@ -170,6 +170,14 @@ def convert_pt2e(
 
         gm = to_reference_representation(gm)
     return gm
+
+
+def _nodes_by_group(gm: GraphModule, plan: QuantPlan) -> dict[int, tuple[str, ...]]:
+    by_observer: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if OBSERVER_KEY in node.meta:
+            by_observer.setdefault(node.meta[OBSERVER_KEY], []).append(node.name)
+    return {g.group: tuple(by_observer.get(g.observer, ())) for g in plan.groups}
 
 
 def _drop_dead_constants(gm: GraphModule) -> None:

@@ -38,7 +38,11 @@ from qviz.engine.compat import quantized_decomposed
 from qviz.engine.plan import QParams
 from qviz.errors import ConfigError
 
-__all__ = ["FLOAT_DTYPES", "QUANTIZED_DTYPES", "replace_observer", "storage_dtype"]
+__all__ = ["FLOAT_DTYPES", "OBSERVER_KEY", "QUANTIZED_DTYPES", "replace_observer", "storage_dtype"]
+
+#: ``node.meta`` key naming the observer a q/dq node was made from (copies and folded weights
+#: keep it), so convert can tell the plan which nodes execute which group.
+OBSERVER_KEY = "qviz_observer"
 
 #: Observers of these dtypes are removed (float16 becomes a half-precision round trip).
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -138,6 +142,14 @@ def replace_observer(gm: GraphModule, node: Node, obs: nn.Module) -> QParams | N
     Raises:
         ConfigError: the observer's dtype has no quantize op.
     """
+    before = set(gm.graph.nodes)
+    record = _replace(gm, node, obs)
+    for new in set(gm.graph.nodes) - before:
+        new.meta[OBSERVER_KEY] = str(node.target)
+    return record
+
+
+def _replace(gm: GraphModule, node: Node, obs: nn.Module) -> QParams | None:
     record = None
     dtype = getattr(obs, "dtype", None)
     if callable(getattr(obs, "convert", None)):

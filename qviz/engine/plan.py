@@ -171,6 +171,9 @@ class GroupRecord:
     qparams: QParams | None = None
     #: A calibration choice the user made for this group (e.g. ``"entropy"``), or None.
     choice: str | None = None
+    #: After convert: the graph's nodes that execute this group (its quantize, each consumer's
+    #: dequantize, stored integer weights), so views find them without matching arguments.
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,10 +208,20 @@ class QuantPlan:
         """The group observing ``producer -> consumer`` (or ``producer``'s output)."""
         return self.groups[self.record(producer, consumer).group]
 
-    def with_qparams(self, qparams: dict[int, QParams]) -> QuantPlan:
-        """A copy whose groups carry the given qparams."""
-        groups = tuple(replace(g, qparams=qparams.get(g.group, g.qparams)) for g in self.groups)
+    def with_qparams(
+        self, qparams: dict[int, QParams], nodes: dict[int, tuple[str, ...]] | None = None
+    ) -> QuantPlan:
+        """A copy whose groups carry the given qparams (and the converted nodes executing them)."""
+        nodes = nodes or {}
+        groups = tuple(
+            replace(g, qparams=qparams.get(g.group, g.qparams), nodes=nodes.get(g.group, g.nodes))
+            for g in self.groups
+        )
         return replace(self, groups=groups)
+
+    def group_of_node(self, name: str) -> GroupRecord | None:
+        """The group a converted graph's quantize/dequantize node (or integer weight) executes."""
+        return next((g for g in self.groups if name in g.nodes), None)
 
     def with_choices(self, choices: dict[int, str]) -> QuantPlan:
         """A copy whose groups record the user's calibration choices (group -> method)."""

@@ -34,6 +34,7 @@ from qviz.engine.plan import (
     TensorRecord,
     TensorRef,
 )
+from qviz.engine.qdq_ops import is_qdq
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
 
 __all__ = [
@@ -135,22 +136,30 @@ def describe_group(g: GroupRecord) -> str:
     return text
 
 
+_PLAIN_DTYPES = ("int8", "uint8", "qint8", "quint8", None)
+
+
 def qparams_text(g: GroupRecord) -> str:
-    """``scale=0.0224 zp=-9``, or ``scale=0.001..0.02 (64 ch)`` per channel; "" before convert."""
+    """``scale=0.0224 zp=-9``, or ``scale=0.001..0.02 (64 ch)`` per channel; "" before convert.
+
+    A dtype other than 8-bit integers leads: ``int16 scale=8.7e-05 zp=-271``,
+    ``float8_e4m3fn scale=...``, ``float16`` (a half-precision round trip).
+    """
     q = g.qparams
+    dtype = "" if g.spec.dtype in _PLAIN_DTYPES else f"{g.spec.dtype} "
     if q is None and g.spec.kind == "fixed":
-        return f"scale={g.spec.scale:.4g} zp={g.spec.zero_point}"
+        return f"{dtype}scale={g.spec.scale:.4g} zp={g.spec.zero_point}"
     if q is None:
-        return ""
+        return dtype.strip()
     if isinstance(q.scale, tuple):
-        return f"scale={min(q.scale):.3g}..{max(q.scale):.3g} ({len(q.scale)} ch)"
-    return f"scale={q.scale:.4g} zp={q.zero_point}"
+        return f"{dtype}scale={min(q.scale):.3g}..{max(q.scale):.3g} ({len(q.scale)} ch)"
+    return f"{dtype}scale={q.scale:.4g} zp={q.zero_point}"
 
 
 def _is_qdq(node: Node) -> bool:
-    return str(getattr(node.target, "namespace", "")) == _Q_NAMESPACE or str(
-        node.target
-    ).startswith(f"{_Q_NAMESPACE}.")
+    return node.op == "call_function" and (
+        is_qdq(node) or str(getattr(node.target, "namespace", "")) == _Q_NAMESPACE
+    )
 
 
 def _op_name(node: Node) -> str:
@@ -301,6 +310,9 @@ def _qdq_group(node: Node, plan: QuantPlan | None) -> GroupRecord | None:
     """The plan's group a quantize/dequantize op executes: by producer/consumer and scale."""
     if plan is None:
         return None
+    recorded = plan.group_of_node(node.name)
+    if recorded is not None or any(g.nodes for g in plan.groups):
+        return recorded
     source = node
     while source.op == "call_function" and _is_qdq(source) and source.args:
         source = source.args[0]
@@ -325,9 +337,13 @@ def _qdq_group(node: Node, plan: QuantPlan | None) -> GroupRecord | None:
 def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     group = _qdq_group(node, plan)
     op = _op_name(node)
-    kind = "quantize" if op.startswith("quantize") else "dequantize"
+    kind = "quantize" if op.startswith(("quantize", "choose_qparams")) else "dequantize"
     label = op.replace("_per_tensor", "").replace("_per_channel", " per-channel")
+    label = label.replace("_affine", " affine").replace("convert_element_type", "round trip")
     detail = qparams_text(group) if group is not None else ""
+    out_dtype = node.kwargs.get("out_dtype") or node.kwargs.get("output_dtype")
+    if out_dtype is not None:
+        detail = f"{detail} → {str(out_dtype).replace('torch.', '')}".strip()
     src = node.args[0] if node.args else None
     if isinstance(src, Node) and src.op == "get_attr":
         value = get_attr_value(gm, src, default=None)

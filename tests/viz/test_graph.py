@@ -384,3 +384,61 @@ def test_metric_range_fixes_the_scale_and_errors_can_be_green_when_low(digits):
     assert "low (green) to high (red)" in errors.dot
     with pytest.raises(qviz.ConfigError, match="metric_range"):
         graph(prepared, metrics={"conv2d": 1.0}, metric_range=(5, 1))
+
+
+def test_each_consumers_dequantize_is_drawn_with_the_group_it_executes():
+    """One quantize, a dequantize per quantized consumer: every box names the same group,
+    found through the plan's record of the converted nodes."""
+
+    class FanOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(3, 3, 3), nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            x = self.conv1(x)
+            return self.conv2(x) + x
+
+    x = torch.randn(1, 3, 5, 5)
+    gm = qviz.export(FanOut().eval(), (x,))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )
+    qviz.calibrate(prepared, [x], progress=False)
+    converted = qviz.convert_pt2e(prepared)
+    conv1_out = converted.plan.group_of("conv2d")
+    drawn = [n for n in graph(converted).view.nodes if n.group == conv1_out.group]
+    assert sorted(n.kind for n in drawn) == ["dequantize", "dequantize", "quantize"]
+    assert {n.name for n in drawn} == set(conv1_out.nodes)
+    scale = f"scale={conv1_out.qparams.scale:.4g}"
+    assert all(scale in n.detail for n in drawn)
+
+
+def test_int16_activations_of_a_bfloat16_model_are_labelled_with_both_dtypes():
+    from torch.ao.quantization.observer import MinMaxObserver
+
+    from qviz.engine.specs import QuantizationSpec
+
+    act = QuantizationSpec(
+        torch.int16, MinMaxObserver.with_args(dtype=torch.int16), -32768, 32767,
+        torch.per_tensor_affine,
+    )  # fmt: skip
+
+    def annotate(node):
+        if node.target == aten.conv2d.default:
+            node.meta["quantization_annotation"] = QuantizationAnnotation(
+                {node.args[0]: act, node.args[1]: WEIGHT}, act, _annotated=True
+            )
+
+    x = torch.randn(1, 3, 5, 5, dtype=torch.bfloat16)
+    gm = qviz.export(nn.Conv2d(3, 3, 3, dtype=torch.bfloat16).eval(), (x,))
+    prepared = qviz.prepare_pt2e(gm, Annotate(annotate))
+    qviz.calibrate(prepared, [x], progress=False)
+    g = graph(qviz.convert_pt2e(prepared))
+    acts = [
+        n for n in g.view.nodes if n.kind in ("quantize", "dequantize") and "weight" not in n.detail
+    ]
+    assert len(acts) == 4
+    assert all(n.detail.startswith("int16 scale=") for n in acts)
+    assert sum("→ bfloat16" in n.detail for n in acts) == 2  # the dequantizes give bf16 back
+    assert "int16 scale=" in g.dot
