@@ -34,7 +34,19 @@ from qviz.engine.specs import (
 )
 from qviz.errors import AnnotationError
 
-__all__ = ["collect_specs", "rebind_annotations"]
+__all__ = ["collect_specs", "out_arguments", "rebind_annotations"]
+
+
+def out_arguments(node: Node) -> list[str]:
+    """The keyword-only arguments ``node``'s operator writes its result into (``out=``)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    return [
+        a.name
+        for a in schema.arguments
+        if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    ]
 
 
 def _check_edge(node: Node, producer: object) -> None:
@@ -44,6 +56,13 @@ def _check_edge(node: Node, producer: object) -> None:
             f"{node.format_node()}: input_qspec_map has a key {producer!r} that is not an input of "
             f"{node.name} (its inputs are {inputs}); key each input spec by the node that feeds it"
         )
+    for name in out_arguments(node):
+        if node.kwargs.get(name) is producer and producer not in node.args:
+            raise AnnotationError(
+                f"{node.format_node()}: input_qspec_map has a spec for {producer.name}, which "
+                f"{node.name} only writes its result into ({name}=), so it is not an input; "
+                f"quantize the result with output_qspec instead"
+            )
 
 
 def collect_specs(

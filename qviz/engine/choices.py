@@ -15,7 +15,8 @@ Example:
     >>> config = get_symmetric_quantization_config(switchable=True)
     >>> prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
     >>> prepared = qviz.calibrate(prepared, [torch.randn(8, 4)], progress=False)
-    >>> [g.choice for g in choose_range(prepared, "entropy", observers=["observer_0"])]
+    >>> chosen = choose_range(prepared, "entropy", observers=["activation_post_process_0"])
+    >>> [g.choice for g in chosen]
     ['entropy']
     >>> prepared.plan.groups[0].choice, prepared.plan.groups[2].choice
     ('entropy', None)

@@ -21,7 +21,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from qviz.engine.compat import OpOverload
+from qviz.engine.compat import OpOverload, OpOverloadPacket
 from qviz.engine.constants import get_attr_value
 from qviz.engine.mutation import written_attrs
 from qviz.engine.qdq_ops import quantize_ops
@@ -36,6 +36,8 @@ def _pure(node: Node) -> bool:
     if node.target is operator.getitem:
         return True
     target = node.target
+    if isinstance(target, OpOverloadPacket):  # torchao's affine ops appear as packets
+        target = getattr(target, "default", None)
     if not isinstance(target, OpOverload):
         return False
     return not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags

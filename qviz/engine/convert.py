@@ -48,6 +48,8 @@ __all__ = ["convert_pt2e", "is_observer"]
 
 
 def _saw_no_data(obs: nn.Module) -> bool:
+    if callable(getattr(obs, "convert", None)) and hasattr(obs, "block_size"):
+        return obs.block_size is None  # affine observers learn their block size from data
     if getattr(obs, "is_dynamic", False) or getattr(obs, "dtype", None) in FLOAT_DTYPES:
         return False
     if type(obs).__name__ in ("FixedQParamsObserver", "DerivedQParamsObserver"):

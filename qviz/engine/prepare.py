@@ -32,8 +32,9 @@ from typing import Any
 
 from torch import nn
 from torch.fx import GraphModule, Node
+from torch.fx.node import map_arg
 
-from qviz.engine.annotations import collect_specs
+from qviz.engine.annotations import collect_specs, out_arguments
 from qviz.engine.bn_fold import fold_batch_norm
 from qviz.engine.handles import assign_handles
 from qviz.engine.mutation import is_written_buffer_edge
@@ -117,7 +118,12 @@ def _observe_edge(gm: GraphModule, consumer: Node, current: Node, target: str) -
     if existing is None:
         with gm.graph.inserting_after(current):
             existing = gm.graph.call_module(target, (current,))
-    consumer.replace_input_with(current, existing)
+    out = out_arguments(consumer)  # ``out=`` is where the result goes: it stays the tensor
+    consumer.args = map_arg(consumer.args, lambda n: existing if n is current else n)
+    consumer.kwargs = {
+        k: v if k in out else map_arg(v, lambda n: existing if n is current else n)
+        for k, v in consumer.kwargs.items()
+    }
 
 
 def _insert_observers(gm: GraphModule, key_to_name: dict[EdgeOrNode, str]) -> None:
@@ -149,7 +155,7 @@ def _register(gm: GraphModule, sharing: Sharing, quantizer: Any) -> tuple[dict, 
     names: dict[int, str] = {}
     key_to_name = {}
     for key, obs in key_to_obs.items():
-        name = names.setdefault(id(obs), f"observer_{len(names)}")
+        name = names.setdefault(id(obs), f"activation_post_process_{len(names)}")
         if not hasattr(gm, name):
             gm.add_submodule(name, obs)
         key_to_name[key] = name

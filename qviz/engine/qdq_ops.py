@@ -21,13 +21,14 @@ __all__ = ["choose_qparams_ops", "dequantize_ops", "is_qdq", "is_sym_size", "qua
 
 
 def _affine(name: str) -> set:
-    """torchao's affine op ``name`` if torchao registered it (never imported from here)."""
+    """torchao's affine op ``name`` if torchao registered it (never imported from here): the
+    overload and the packet, which torchao's observers put in graphs as they are."""
     namespace = getattr(torch.ops, "torchao", None)
     try:
         op = getattr(namespace, name, None) if namespace is not None else None
     except (AttributeError, RuntimeError):
         op = None
-    return {op.default} if op is not None else set()
+    return {op, op.default} if op is not None else set()
 
 
 def quantize_ops() -> frozenset:

@@ -37,14 +37,17 @@ class Stage(enum.Enum):
 
 
 def is_observer(module: nn.Module) -> bool:
-    """An observer: an nn.Module with ``calculate_qparams`` and a ``dtype`` (any implementation).
+    """An observer: an nn.Module with ``calculate_qparams`` and a ``dtype``, or one that
+    converts itself (``convert(model, node)``, as torchao's affine observers do).
 
     Example:
         >>> from qviz.engine.observers import MinMaxObserver
         >>> is_observer(MinMaxObserver()), is_observer(nn.Linear(1, 1))
         (True, False)
     """
-    return callable(getattr(module, "calculate_qparams", None)) and hasattr(module, "dtype")
+    return callable(getattr(module, "calculate_qparams", None)) and (
+        hasattr(module, "dtype") or callable(getattr(module, "convert", None))
+    )
 
 
 def model_stage(model: nn.Module) -> Stage:

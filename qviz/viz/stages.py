@@ -125,7 +125,8 @@ def stage_of(model: GraphModule) -> str:
 
 
 def describe_group(g: GroupRecord) -> str:
-    """``g3 observer_3: observed int8 [-128, 127] per_tensor_affine HistogramObserver``."""
+    """``g3 activation_post_process_3: observed int8 [-128, 127] per_tensor_affine
+    HistogramObserver``."""
     s = g.spec
     text = f"g{g.group} {g.observer}: {s.kind} {s.dtype} [{s.quant_min}, {s.quant_max}]"
     text += f" {s.qscheme or ''} {s.observer or ''}".rstrip()

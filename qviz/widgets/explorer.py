@@ -103,7 +103,8 @@ class CalibrationExplorer:
 
     # -- Python equivalents of the controls ----------------------------------------------------
     def select(self, observer_or_tensor: str) -> CalibrationExplorer:
-        """Show an observer, by module name (``"observer_3"``) or by a tensor it observes."""
+        """Show an observer, by module name (``"activation_post_process_3"``) or by a tensor it
+        observes."""
         return self._guard(lambda: self._select(observer_or_tensor))
 
     def set(

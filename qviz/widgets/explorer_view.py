@@ -2,8 +2,8 @@
 from its state after every change (the controls only call the explorer's Python methods).
 
 Example:
-    >>> label_of("observer_3", ["relu_2", "relu_2 -> max_pool2d"])
-    'observer_3: relu_2 (+1)'
+    >>> label_of("activation_post_process_3", ["relu_2", "relu_2 -> max_pool2d"])
+    'activation_post_process_3: relu_2 (+1)'
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ def test_refusals_change_nothing(calibrated_digits):
     assert all(g.choice is None for g in prepared.plan.groups)
     assert {prepared.get_submodule(g.observer).method for g in prepared.plan.groups[:1]} == {"l2"}
     with pytest.raises(ConfigError, match="not HistogramObserver groups"):
-        choose_range(prepared, "l2", observers=["observer_1"])  # a weight's MinMax observer
+        choose_range(
+            prepared, "l2", observers=["activation_post_process_1"]
+        )  # a weight's MinMax observer
     with pytest.raises(ConfigError, match="method"):
         choose_range(prepared, "median")
     with pytest.raises(ConfigError, match="prepared model"):

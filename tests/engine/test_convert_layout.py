@@ -414,3 +414,70 @@ def test_the_plan_says_why_a_written_buffer_is_not_observed():
     assert "not observed: buffer written in place" in str(plan)
     others = [r for r in plan if r.tensor != record.tensor]
     assert others and all(r.unobserved == "" and r.group == record.group for r in others)
+
+
+class AffineQuantizer(ref_quantizer.Quantizer):
+    """Transformer-style linear quantization with torchao's affine observers: per-token
+    activations (static or dynamic), per-group (or per-channel) weights."""
+
+    def __init__(self, weight_granularity: object, dynamic: bool) -> None:
+        super().__init__()
+        self.weight_granularity, self.dynamic = weight_granularity, dynamic
+
+    def annotate(self, gm: GraphModule) -> GraphModule:
+        from torchao.quantization.pt2e._affine_quantization import (
+            AffineQuantizedMinMaxObserver,
+            AffineQuantizedPlaceholderObserver,
+        )
+        from torchao.quantization.pt2e.observer import MappingType, PerToken
+
+        def spec(observer, granularity, dynamic=False):
+            return ref_quantizer.QuantizationSpec(
+                dtype=torch.int8,
+                quant_min=-128,
+                quant_max=127,
+                qscheme=None,
+                is_dynamic=dynamic,
+                observer_or_fake_quant_ctr=observer.with_args(
+                    target_dtype=torch.int8,
+                    mapping_type=MappingType.SYMMETRIC,
+                    granularity=granularity,
+                ),
+            )
+
+        if self.dynamic:
+            act = spec(AffineQuantizedPlaceholderObserver, PerToken(), dynamic=True)
+        else:
+            act = spec(AffineQuantizedMinMaxObserver, PerToken())
+        weight = spec(AffineQuantizedMinMaxObserver, self.weight_granularity)
+        for n in gm.graph.nodes:
+            if n.target == torch.ops.aten.linear.default:
+                n.meta["quantization_annotation"] = ref_quantizer.QuantizationAnnotation(
+                    input_qspec_map={n.args[0]: act, n.args[1]: weight}, _annotated=True
+                )
+        return gm
+
+    def validate(self, gm: GraphModule) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("granularity", "dynamic"),
+    [("group", False), ("group", True), ("channel", True)],
+    ids=["static-per-token-per-group", "dynamic-per-token-per-group", "dynamic-per-channel"],
+)
+def test_affine_per_group_and_per_token_quantization(granularity, dynamic):
+    from torchao.quantization.pt2e.observer import PerAxis, PerGroup
+
+    weights = PerGroup(group_size=32) if granularity == "group" else PerAxis(axis=0)
+    batches = [(torch.randn(5, 128),)]
+    ref, ours = _convert_both(
+        nn.Linear(128, 20), batches, lambda: AffineQuantizer(weights, dynamic)
+    )
+    ops = Counter(str(n.target) for n in ours.graph.nodes if is_qdq(n))
+    assert ops["torchao.quantize_affine"] == 1  # the activation's; the weight's was folded
+    assert ops["torchao.dequantize_affine"] == 2
+    assert ops["torchao.choose_qparams_affine"] == (1 if dynamic else 0)
+    frozen = [n for n in ours.graph.nodes if str(n.target).startswith("_frozen_param")]
+    assert [getattr(ours, n.target).dtype for n in frozen] == [torch.int8]
+    _assert_same(ref, ours, batches)

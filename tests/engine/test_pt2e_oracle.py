@@ -142,7 +142,9 @@ def test_the_exported_model_is_never_changed():
 def test_convert_refuses_observers_that_saw_no_data():
     gm = qviz.export(Toy().eval(), (_toy_batches()[0],))
     prepared = qviz.prepare_pt2e(gm, _ref_quantizer())
-    message = r"(?s)13 observer\(s\) saw no data.*\n  observer_0 \(observes x -> conv2d\)"
+    message = (
+        r"(?s)13 observer\(s\) saw no data.*\n  activation_post_process_0 \(observes x -> conv2d\)"
+    )
     with pytest.raises(CalibrationError, match=message):
         qviz.convert_pt2e(prepared)
 

@@ -117,3 +117,63 @@ def test_a_cycle_without_a_concrete_spec_names_the_chain():
         resolve_sharing(
             {conv1: SharedQuantizationSpec(conv2), conv2: SharedQuantizationSpec(conv1)}
         )
+
+
+def test_an_input_edge_shared_by_clone_and_eq_is_one_group_as_in_the_reference():
+    """``x -> clone -> eq(clone, x)``: clone's output shares (x, clone); eq's second input
+    shares its first. Implicit sharing then joins (x, clone) and (x, eq): one observer for
+    all four, as torchao 0.18 decides (and without the cycle its older versions recursed on).
+    torchao's prepare changes the model it is given; qviz's returns a prepared copy."""
+    import copy
+
+    import qviz
+
+    ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    ref_quantizer = pytest.importorskip("torchao.quantization.pt2e.quantizer")
+    ref_observer = pytest.importorskip("torchao.quantization.pt2e.observer")
+
+    class Quantizer(ref_quantizer.Quantizer):
+        def annotate(self, gm):
+            spec = ref_quantizer.QuantizationSpec(
+                dtype=torch.uint8,
+                quant_min=0,
+                quant_max=255,
+                qscheme=torch.per_tensor_affine,
+                observer_or_fake_quant_ctr=ref_observer.default_observer,
+            )
+            for n in gm.graph.nodes:
+                shared = ref_quantizer.SharedQuantizationSpec((n.args[0], n)) if n.args else None
+                if n.target == torch.ops.aten.clone.default:
+                    inputs, output = {n.args[0]: spec}, shared
+                elif n.target == torch.ops.aten.eq.Tensor:
+                    inputs, output = {n.args[0]: spec, n.args[1]: shared}, None
+                else:
+                    continue
+                n.meta["quantization_annotation"] = ref_quantizer.QuantizationAnnotation(
+                    input_qspec_map=inputs, output_qspec=output, _annotated=True
+                )
+            return gm
+
+        def validate(self, gm):
+            pass
+
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.eq(x.clone(), x)
+
+    x = torch.randn(1, 5)
+    gm = torch.export.export(M().eval(), (x,), strict=True).module()
+    ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), Quantizer())
+    ours = qviz.prepare_pt2e(gm, Quantizer())
+    ref_observers = {type(m).__name__ for n, m in ref.named_modules() if "activation_post" in n}
+    assert len([n for n, _ in ref.named_modules() if "activation_post" in n]) == 1
+    assert ref_observers == {"MinMaxObserver"}
+    (group,) = ours.plan.groups
+    assert {str(m) for m in group.members} == {"x -> clone", "clone", "clone -> eq", "x -> eq"}
+    calls = {
+        n.args[0].name
+        for n in ours.graph.nodes
+        if n.op == "call_module" and "activation" in n.target
+    }
+    assert calls == {"x", "clone"}  # one observer, called once per tensor
+    assert torch.equal(ours(x), ref(x))

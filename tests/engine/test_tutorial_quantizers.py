@@ -61,7 +61,7 @@ def _observers(prepared) -> dict[str, nn.Module]:
     return {
         n.name: prepared.get_submodule(n.target)
         for n in prepared.graph.nodes
-        if n.op == "call_module" and n.target.startswith("observer_")
+        if n.op == "call_module" and n.target.startswith("activation_post_process_")
     }
 
 

@@ -74,7 +74,7 @@ def test_observer_markers_come_from_the_plan(digits):
     g = graph(prepared)
     shown = {r for n in g.view.nodes if n.kind == "marker" for r in n.refs}
     assert shown == {str(rec.tensor) for rec in prepared.plan.tensors}
-    assert not any(n.name.startswith("observer_") for n in g.view.nodes)
+    assert not any(n.name.startswith("activation_post_process_") for n in g.view.nodes)
 
 
 def test_float_nodes_are_grey_with_the_reason_in_the_tooltip():

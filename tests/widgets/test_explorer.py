@@ -78,7 +78,7 @@ def test_refusals_keep_the_state_and_say_why(explorer):
     explorer.set(num_bits=4)
     assert explorer.use_range() is None and "only explores" in explorer.error
     assert explorer.choices == {}
-    explorer.select("observer_1")  # a weight's PerChannelMinMaxObserver
+    explorer.select("activation_post_process_1")  # a weight's PerChannelMinMaxObserver
     assert "only HistogramObservers" in explorer.error or "neither" in explorer.error
     explorer.set(num_bits=8)
     assert explorer.error is None

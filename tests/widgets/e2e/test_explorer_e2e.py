@@ -29,7 +29,9 @@ ex = CalibrationExplorer(prepared)
 
 SHOW = "ex"
 
-OBSERVER = "observer_7"  # relu_2, the residual block's output (not the first observer)
+OBSERVER = (
+    "activation_post_process_7"  # relu_2, the residual block's output (not the first observer)
+)
 
 
 def _wait_kernel(
