@@ -12,6 +12,8 @@ On a copy of the prepared model, in the reference's order:
    ``permute``) is computed once and stored as an integer tensor
    (:mod:`qviz.engine.constant_fold`), so the model keeps only ``dequantize`` for it.
 
+The bodies of loops (``scan``, ``while_loop``) are converted first, the same way.
+
 The prepared model is left as it is.
 
 Example:
@@ -37,6 +39,7 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.annotations import rebind_annotations
 from qviz.engine.constant_fold import fold_quantized_constants
+from qviz.engine.control_flow import loop_bodies, replace_submodule
 from qviz.engine.duplicate_dq import duplicate_dequantize
 from qviz.engine.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
 from qviz.engine.plan import QParams, QuantPlan
@@ -122,28 +125,15 @@ def convert_pt2e(
     # GraphModule's deepcopy keeps the graph and state, not .plan
     gm = rebind_annotations(copy.deepcopy(model))
     plan = getattr(model, "plan", None)
+    bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
     nodes = [
         n
         for n in gm.graph.nodes
         if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
     ]
-    if not nodes and plan is not None and not plan.groups:
-        warnings.warn(
-            "convert_pt2e: the quantizer annotated nothing in this model, so it stays as it "
-            f"was; model.plan.float_nodes says why for each operator ({len(plan.float_nodes)})",
-            stacklevel=2,
-        )
-        gm.plan = plan
-        return gm
     if not nodes:
-        converted = model_stage(model) is Stage.CONVERTED
-        raise ConfigError(
-            "convert_pt2e got a model that is already converted (quantize/dequantize ops, no "
-            "observers): use it as it is"
-            if converted
-            else "convert_pt2e got a model with no observers: it was never prepared; run "
-            "qviz.prepare_pt2e(exported, quantizer), calibrate the result, then convert that"
-        )
+        gm.plan = plan
+        return _without_observers(model, gm, bodies)
     _check_calibrated(gm, nodes, plan, allow_uncalibrated)
     qparams: dict[str, QParams] = {}
     for node in nodes:
@@ -159,9 +149,11 @@ def convert_pt2e(
         delattr(gm, name)
     gm.graph.lint()
     gm.recompile()
+    made = _made_by_observer(gm)
     if plan is not None:
         by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
-        gm.plan = plan.with_qparams(by_group, _nodes_by_group(gm, plan))
+        nodes_by_group = {g.group: made.get(g.observer, ()) for g in plan.groups}
+        gm.plan = plan.with_qparams(by_group, nodes_by_group)
     if use_reference_representation:
         if not fold_quantize:
             raise ConfigError(
@@ -174,12 +166,55 @@ def convert_pt2e(
     return gm
 
 
-def _nodes_by_group(gm: GraphModule, plan: QuantPlan) -> dict[int, tuple[str, ...]]:
+def _without_observers(model: GraphModule, gm: GraphModule, bodies: int) -> GraphModule:
+    """The converted copy of a model whose graph has no observers, or the error saying why."""
+    plan = getattr(model, "plan", None)
+    if bodies:  # all the quantized operators are inside loops
+        return gm
+    if plan is not None and not plan.groups:
+        warnings.warn(
+            "convert_pt2e: the quantizer annotated nothing in this model, so it stays as it "
+            f"was; model.plan.float_nodes says why for each operator ({len(plan.float_nodes)})",
+            stacklevel=3,
+        )
+        return gm
+    if model_stage(model) is Stage.CONVERTED:
+        raise ConfigError(
+            "convert_pt2e got a model that is already converted (quantize/dequantize ops, no "
+            "observers): use it as it is"
+        )
+    raise ConfigError(
+        "convert_pt2e got a model with no observers: it was never prepared; run "
+        "qviz.prepare_pt2e(exported, quantizer), calibrate the result, then convert that"
+    )
+
+
+def _convert_loop_bodies(
+    model: GraphModule, gm: GraphModule, fold_quantize: bool, allow_uncalibrated: bool
+) -> int:
+    """Convert the prepared body of each loop of ``gm`` (a copy of ``model``) in place; how many
+    there were."""
+    converted = 0
+    for _, path in list(loop_bodies(gm)):
+        body = gm.get_submodule(path)
+        if isinstance(body, GraphModule) and model_stage(body) is Stage.PREPARED:
+            body.plan = getattr(model.get_submodule(path), "plan", None)  # deepcopy drops it
+            body = convert_pt2e(
+                body, fold_quantize=fold_quantize, allow_uncalibrated=allow_uncalibrated
+            )
+            replace_submodule(gm, path, body)
+            converted += 1
+    return converted
+
+
+def _made_by_observer(gm: GraphModule) -> dict[str, tuple[str, ...]]:
+    """Observer name -> the converted nodes made from it; the marks are removed from the meta
+    (read once: the plan keeps the answer, and node metadata stays the reference's)."""
     by_observer: dict[str, list[str]] = {}
     for node in gm.graph.nodes:
         if OBSERVER_KEY in node.meta:
-            by_observer.setdefault(node.meta[OBSERVER_KEY], []).append(node.name)
-    return {g.group: tuple(by_observer.get(g.observer, ())) for g in plan.groups}
+            by_observer.setdefault(node.meta.pop(OBSERVER_KEY), []).append(node.name)
+    return {name: tuple(made) for name, made in by_observer.items()}
 
 
 def _drop_dead_constants(gm: GraphModule) -> None:

@@ -193,6 +193,9 @@ class QuantPlan:
     groups: tuple[GroupRecord, ...]
     tensors: tuple[TensorRecord, ...]
     float_nodes: tuple[FloatRecord, ...] = field(default=())
+    #: Submodule paths of loop bodies (scan, while_loop) quantized with plans of their own
+    #: (``model.get_submodule(path).plan``).
+    loop_bodies: tuple[str, ...] = ()
 
     def __iter__(self) -> Iterator[TensorRecord]:
         return iter(self.tensors)
@@ -261,6 +264,8 @@ class QuantPlan:
                 via = f" via {rec.via}" if rec.via and rec.how != "own spec" else ""
                 note = f" (not observed: {rec.unobserved})" if rec.unobserved else ""
                 lines.append(f"    {ref}  [{rec.how}{via}]{note}")
+        for path in self.loop_bodies:
+            lines.append(f"  loop body {path}: its own plan, model.get_submodule({path!r}).plan")
         if self.float_nodes:
             lines.append(f"  left in float: {len(self.float_nodes)}")
             for f in self.float_nodes:

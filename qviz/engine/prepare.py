@@ -10,7 +10,9 @@ Everything happens on a copy: the caller's graph module is never changed. The st
 5. observer calls are inserted: after a producer whose output is observed (all its users then
    read the observed tensor), or on the edge into a consumer; a tensor is observed once per
    group however many edges of that group read it. A buffer an in-place op writes into (model
-   state, :mod:`qviz.engine.mutation`) is not observed on that edge; the plan says so.
+   state, :mod:`qviz.engine.mutation`) is not observed on that edge; the plan says so;
+6. the body of each loop (``scan``, ``while_loop``) is prepared the same way, with its own
+   observers and ``.plan`` (:mod:`qviz.engine.control_flow`).
 
 The result carries ``.plan``, the :class:`~qviz.engine.plan.QuantPlan` of these decisions.
 
@@ -36,6 +38,7 @@ from torch.fx.node import map_arg
 
 from qviz.engine.annotations import collect_specs, out_arguments
 from qviz.engine.bn_fold import fold_batch_norm
+from qviz.engine.control_flow import loop_bodies, replace_submodule
 from qviz.engine.handles import assign_handles
 from qviz.engine.mutation import is_written_buffer_edge
 from qviz.engine.plan import build_plan
@@ -191,6 +194,10 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     }
     _insert_observers(gm, {k: v for k, v in key_to_name.items() if k not in unobserved})
     gm.plan = build_plan(gm, sharing, specs, group_names, unfolded, unobserved)
+    paths = [path for _, path in loop_bodies(gm)]
+    for path in paths:  # each loop body: its own observers and plan
+        replace_submodule(gm, path, prepare_pt2e(gm.get_submodule(path), quantizer))
+    gm.plan = dataclasses.replace(gm.plan, loop_bodies=tuple(paths))
     return gm
 
 

@@ -317,6 +317,13 @@ def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
             row.weight_sqnr = _weight_sqnr(row, fgm, qgm, twin)
         rows.append(row)
     if not rows:
+        bodies = getattr(getattr(qgm, "plan", None), "loop_bodies", ())
+        if bodies:
+            raise ConfigError(
+                f"the quantized operators of this model are all inside loop bodies ({bodies}); "
+                f"compare reads the top-level graph only: compare a loop body's operators by "
+                f"exporting the loop's step as a model of its own"
+            )
         raise ConfigError(
             "the quantized model has no quantized operator with a debug handle to compare: pass "
             "a model from qviz.convert_pt2e, prepared from a graph module of qviz.export"

@@ -20,6 +20,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 import qviz
+from qviz.engine.observer_to_qdq import OBSERVER_KEY
 from qviz.engine.qdq_ops import dequantize_ops, is_qdq
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
@@ -40,6 +41,12 @@ def _convert_both(
 ) -> tuple[GraphModule, GraphModule]:
     """The reference's and qviz's converted models of one exported graph."""
     gm = torch.export.export(model.eval(), batches[0], strict=True).module()
+    return _convert_both_from(gm, batches, make_quantizer)
+
+
+def _convert_both_from(
+    gm: GraphModule, batches: list[tuple], make_quantizer: Callable[[], object]
+) -> tuple[GraphModule, GraphModule]:
     ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), make_quantizer())
     ours = qviz.prepare_pt2e(gm, make_quantizer())
     for b in batches:
@@ -481,3 +488,17 @@ def test_affine_per_group_and_per_token_quantization(granularity, dynamic):
     frozen = [n for n in ours.graph.nodes if str(n.target).startswith("_frozen_param")]
     assert [getattr(ours, n.target).dtype for n in frozen] == [torch.int8]
     _assert_same(ref, ours, batches)
+
+
+def test_a_stored_integer_weight_keeps_the_weights_metadata():
+    x = torch.randn(2, 2)
+    gm = torch.export.export(nn.Linear(2, 2).eval(), (x,), strict=True).module()
+    weight = next(n for n in gm.graph.nodes if n.op == "get_attr" and "weight" in n.name)
+    weight.meta["quantization_tag"] = "backend_linear_0"
+    ref, ours = _convert_both_from(gm, [(x,)], _xnnpack)
+    (frozen,) = [n for n in ours.graph.nodes if str(n.target).startswith("_frozen_param")]
+    assert frozen.meta.get("quantization_tag") == "backend_linear_0"
+    for key in frozen.meta:
+        assert frozen.meta[key] == weight.meta[key], key
+    assert not any(OBSERVER_KEY in n.meta for n in ours.graph.nodes)  # read, then removed
+    _assert_same(ref, ours, [(x,)])

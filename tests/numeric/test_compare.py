@@ -284,3 +284,14 @@ def test_every_error_column_says_which_comparison_it_comes_from():
     r = NumericReport.from_table([{"node": "a", "local_sqnr": 1.0, "cumulative_sqnr": 2.0}])
     with pytest.raises(ConfigError, match="the cumulative one is named 'cumulative_sqnr'"):
         r.worst(1, by="sqnr")
+
+
+def test_a_model_quantized_only_inside_a_loop_says_compare_reads_the_top_level():
+    from tests.engine.test_control_flow import ScanModel, _quantizer
+
+    batches = [(torch.randn(3, 5), torch.zeros(5))]
+    gm = torch.export.export(ScanModel().eval(), batches[0]).module()
+    prepared = qviz.prepare_pt2e(gm, _quantizer())
+    qviz.calibrate(prepared, batches, progress=False)
+    with pytest.raises(ConfigError, match="inside loop bodies"):
+        compare(gm, qviz.convert_pt2e(prepared), batches, progress=False)
