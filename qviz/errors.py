@@ -20,6 +20,7 @@ __all__ = [
     "AnnotationError",
     "CalibrationError",
     "ConfigError",
+    "ExportedModeError",
     "MissingDependencyError",
     "QuantizationError",
     "QvizError",
@@ -45,6 +46,10 @@ class AnnotationError(QvizError, ValueError):
 
 class CalibrationError(QvizError, RuntimeError):
     """Calibration data is missing or unusable (nothing collected, NaN or Inf values, ...)."""
+
+
+class ExportedModeError(QvizError, NotImplementedError):
+    """``train()`` / ``eval()`` on an exported graph, where they would switch nothing."""
 
 
 class MissingDependencyError(QvizError, ImportError):

@@ -41,6 +41,7 @@ from qviz.engine.annotations import rebind_annotations
 from qviz.engine.constant_fold import fold_quantized_constants
 from qviz.engine.control_flow import loop_bodies, replace_submodule
 from qviz.engine.duplicate_dq import duplicate_dequantize
+from qviz.engine.exported_mode import disallow_train_eval
 from qviz.engine.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
 from qviz.engine.plan import QParams, QuantPlan
 from qviz.engine.port_metadata import port_metadata
@@ -133,7 +134,7 @@ def convert_pt2e(
     ]
     if not nodes:
         gm.plan = plan
-        return _without_observers(model, gm, bodies)
+        return disallow_train_eval(_without_observers(model, gm, bodies))
     _check_calibrated(gm, nodes, plan, allow_uncalibrated)
     qparams: dict[str, QParams] = {}
     for node in nodes:
@@ -163,7 +164,7 @@ def convert_pt2e(
         from qviz.engine.reference_representation import to_reference_representation
 
         gm = to_reference_representation(gm)
-    return gm
+    return disallow_train_eval(gm)
 
 
 def _without_observers(model: GraphModule, gm: GraphModule, bodies: int) -> GraphModule:

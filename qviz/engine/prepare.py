@@ -39,6 +39,7 @@ from torch.fx.node import map_arg
 from qviz.engine.annotations import collect_specs, out_arguments
 from qviz.engine.bn_fold import fold_batch_norm
 from qviz.engine.control_flow import loop_bodies, replace_submodule
+from qviz.engine.exported_mode import disallow_train_eval
 from qviz.engine.handles import assign_handles
 from qviz.engine.mutation import is_written_buffer_edge
 from qviz.engine.plan import build_plan
@@ -198,7 +199,7 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     for path in paths:  # each loop body: its own observers and plan
         replace_submodule(gm, path, prepare_pt2e(gm.get_submodule(path), quantizer))
     gm.plan = dataclasses.replace(gm.plan, loop_bodies=tuple(paths))
-    return gm
+    return disallow_train_eval(gm)
 
 
 def _check_inputs(model: Any, quantizer: Any, where: str) -> None:
