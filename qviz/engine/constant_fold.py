@@ -43,29 +43,42 @@ def _pure(node: Node) -> bool:
     return not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
 
 
-def _constant_value(gm: GraphModule, node: Node, memo: dict[Node, Any]) -> Any:
-    """The value of ``node`` if it depends on constants only, else ``_NOT_CONSTANT``.
+def _constant_nodes(gm: GraphModule) -> set[Node]:
+    """The nodes computed from constants only, in one pass in graph (topological) order.
 
-    ``memo`` is filled in advance with ``_NOT_CONSTANT`` for the buffers written in place
-    (model state, which ``torch.export`` records in ``buffers_to_mutate``).
+    A ``get_attr`` is constant unless an in-place op writes its storage (model state, which
+    ``torch.export`` records in ``buffers_to_mutate``); a pure op is constant when all its
+    inputs are.
     """
-    if node in memo:
-        return memo[node]
-    value: Any = _NOT_CONSTANT
-    if node.op == "get_attr":
-        value = get_attr_value(gm, node)
-    elif _pure(node):
-        inputs = [_constant_value(gm, n, memo) for n in node.all_input_nodes]
-        if all(v is not _NOT_CONSTANT for v in inputs):
-            env = dict(zip(node.all_input_nodes, inputs, strict=True))
-            args = map_arg(node.args, lambda n: env[n])
-            kwargs = map_arg(node.kwargs, lambda n: env[n])
-            value = node.target(*args, **kwargs)
-    memo[node] = value
-    return value
+    written = written_attrs(gm)
+    constant: set[Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            if node not in written:
+                constant.add(node)
+        elif _pure(node) and all(n in constant for n in node.all_input_nodes):
+            constant.add(node)
+    return constant
 
 
-_NOT_CONSTANT = object()
+def _evaluate(gm: GraphModule, node: Node, values: dict[Node, Any]) -> Any:
+    """The value of constant ``node``, its constant ancestors evaluated first, each once across
+    calls (``values`` keeps them)."""
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:  # depth first; a node is evaluated after its inputs (post-order)
+        current, inputs_done = stack.pop()
+        if current in values:
+            continue
+        if not inputs_done:
+            stack.append((current, True))
+            stack.extend((n, False) for n in current.all_input_nodes if n not in values)
+        elif current.op == "get_attr":
+            values[current] = get_attr_value(gm, current)
+        else:
+            args = map_arg(current.args, values.__getitem__)
+            kwargs = map_arg(current.kwargs, values.__getitem__)
+            values[current] = current.target(*args, **kwargs)
+    return values[node]
 
 
 def _new_buffer(gm: GraphModule, value: torch.Tensor) -> str:
@@ -92,14 +105,16 @@ def fold_quantized_constants(gm: GraphModule) -> GraphModule:
     """Replace every quantize op on a constant by the stored integer tensor (in place).
 
     Returns:
-        ``gm``, with one ``_frozen_paramN`` buffer per folded quantize op.
+        ``gm``, with one ``_frozen_paramN`` buffer per folded quantize op, its graph linted
+        (recompile it before running it, as convert does once).
     """
-    memo: dict[Node, Any] = dict.fromkeys(written_attrs(gm), _NOT_CONSTANT)
+    constant = _constant_nodes(gm)
+    values: dict[Node, Any] = {}
     quantize = quantize_ops()
     for q in list(gm.graph.nodes):
-        if q.op != "call_function" or q.target not in quantize:
+        if q.op != "call_function" or q.target not in quantize or q not in constant:
             continue
-        value = _constant_value(gm, q, memo)
+        value = _evaluate(gm, q, values)
         if not isinstance(value, torch.Tensor):
             continue
         with gm.graph.inserting_before(q):
@@ -110,5 +125,4 @@ def fold_quantized_constants(gm: GraphModule) -> GraphModule:
         gm.graph.erase_node(q)
         _erase_dead(gm, inputs)
     gm.graph.lint()
-    gm.recompile()
     return gm

@@ -79,7 +79,7 @@ def duplicate_dequantize(gm: GraphModule) -> GraphModule:
     """Give every annotated consumer of a shared dequantize node its own copy (in place).
 
     Returns:
-        ``gm``, its graph linted and recompiled.
+        ``gm``, its graph linted (recompile it before running it, as convert does once).
     """
     dequantize = dequantize_ops()
     for dq in list(gm.graph.nodes):
@@ -94,5 +94,4 @@ def duplicate_dequantize(gm: GraphModule) -> GraphModule:
         if not dq.users:
             gm.graph.erase_node(dq)
     gm.graph.lint()
-    gm.recompile()
     return gm
