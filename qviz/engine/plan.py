@@ -140,10 +140,14 @@ class SpecSummary:
 
 @dataclass(frozen=True)
 class QParams:
-    """Quantization parameters after convert: one value per tensor, or per channel (tuples)."""
+    """Quantization parameters after convert: one value per tensor, or per channel (tuples).
+
+    Zero points are integers, except for ``per_channel_affine_float_qparams`` (embedding
+    tables), whose zero points are floats.
+    """
 
     scale: float | tuple[float, ...]
-    zero_point: int | tuple[int, ...]
+    zero_point: int | tuple[int, ...] | tuple[float, ...]
 
 
 @dataclass(frozen=True)
