@@ -1,0 +1,141 @@
+"""A QConfig's observer constructor as a PT2E spec on qviz's observers, and the facts about it
+that a backend's dtype constraints are checked against.
+
+torch.ao observer constructors (``HistogramObserver.with_args(reduce_range=True)``) become the
+qviz observer of the same name with the same arguments, so the observer prepare inserts is built
+exactly as FX mode builds it (qviz's observers compute torch's qparams bit for bit). A
+placeholder of a float dtype, ``NoopObserver`` and ``ReuseInputObserver`` observe nothing;
+``FixedQParamsObserver`` becomes a FixedQParamsQuantizationSpec; a dynamic placeholder a
+dynamic spec.
+
+Example:
+    >>> import torch
+    >>> from torch.ao.quantization.observer import HistogramObserver
+    >>> spec, facts = observer_spec(HistogramObserver.with_args(reduce_range=True), "activation")
+    >>> spec.observer_or_fake_quant_ctr.p.func.__module__, facts.quant_min, facts.quant_max
+    ('qviz.engine.observers.histogram', 0, 127)
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from qviz.engine import observers
+from qviz.engine.specs import FixedQParamsQuantizationSpec, QuantizationSpec, QuantizationSpecBase
+from qviz.errors import ConfigError
+
+__all__ = ["ObserverFacts", "observer_spec"]
+
+_NOT_OBSERVING = ("NoopObserver", "ReuseInputObserver")
+_FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class ObserverFacts:
+    """What a QConfig's observer will do, as a backend's constraints need it."""
+
+    observer: str
+    dtype: torch.dtype | None
+    quant_min: int | None = None
+    quant_max: int | None = None
+    eps: float | None = None
+    is_dynamic: bool = False
+    scale: float | None = None
+    zero_point: int | None = None
+
+
+def _class_and_kwargs(ctr: Any) -> tuple[type, dict[str, Any]]:
+    partial = getattr(ctr, "p", ctr)
+    if isinstance(partial, functools.partial):
+        return partial.func, dict(partial.keywords)
+    if isinstance(ctr, type):
+        return ctr, {}
+    raise ConfigError(f"{ctr!r} is not an observer class or Observer.with_args(...)")
+
+
+def _instance(ctr: Any, where: str) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ctr()
+    except Exception as error:  # the user's constructor: say which and why
+        raise ConfigError(f"{where}: building the observer {ctr!r} failed: {error}") from error
+
+
+Made = tuple[QuantizationSpecBase | None, ObserverFacts | None]
+
+
+def observer_spec(ctr: Any, where: str, cache: dict[int, tuple[Any, Made]] | None = None) -> Made:
+    """The spec qviz annotates with for observer constructor ``ctr``, and its facts.
+
+    With a ``cache`` (a quantizer keeps one), one constructor gives one spec object, so two
+    edges configured by the same QConfig have equal specs and may share an observer, as
+    prepare's implicit sharing requires.
+
+    Returns:
+        ``(None, None)`` for no observer; ``(None, facts)`` for one that observes nothing
+        (float placeholders, NoopObserver, ReuseInputObserver).
+
+    Raises:
+        ConfigError: ``ctr`` is not an observer constructor, or qviz has no observer of its name.
+    """
+    if ctr is None:
+        return None, None
+    key = id(ctr)
+    if key in _MADE and _MADE[key][0] is ctr:
+        return _MADE[key][1]
+    made = _observer_spec(ctr, where)
+    _MADE[key] = (ctr, made)
+    return made
+
+
+_MADE: dict[int, tuple[Any, tuple[QuantizationSpecBase | None, ObserverFacts | None]]] = {}
+
+
+def _observer_spec(
+    ctr: Any, where: str
+) -> tuple[QuantizationSpecBase | None, ObserverFacts | None]:
+    cls, kwargs = _class_and_kwargs(ctr)
+    obs = _instance(ctr, where)
+    dtype = getattr(obs, "dtype", None)
+    facts = ObserverFacts(
+        observer=cls.__name__,
+        dtype=dtype,
+        quant_min=getattr(obs, "quant_min", None),
+        quant_max=getattr(obs, "quant_max", None),
+        eps=float(obs.eps) if isinstance(getattr(obs, "eps", None), torch.Tensor) else None,
+        is_dynamic=bool(getattr(obs, "is_dynamic", False)),
+    )
+    if cls.__name__ in _NOT_OBSERVING or (dtype in _FLOAT and not facts.is_dynamic):
+        return None, facts
+    if cls.__name__ == "FixedQParamsObserver":
+        scale, zero_point = obs.calculate_qparams()
+        facts = ObserverFacts(
+            **{**vars(facts), "scale": float(scale), "zero_point": int(zero_point)}
+        )
+        spec = FixedQParamsQuantizationSpec(
+            dtype, float(scale), int(zero_point), facts.quant_min, facts.quant_max, obs.qscheme
+        )
+        return spec, facts
+    ours = getattr(observers, cls.__name__, None)
+    if ours is None:
+        raise ConfigError(
+            f"{where}: qviz has no observer named {cls.__name__}; use one of MinMaxObserver, "
+            f"MovingAverageMinMaxObserver, PerChannelMinMaxObserver, "
+            f"MovingAveragePerChannelMinMaxObserver, HistogramObserver, PlaceholderObserver, "
+            f"FixedQParamsObserver"
+        )
+    per_channel = obs.qscheme in (torch.per_channel_affine, torch.per_channel_symmetric)
+    spec = QuantizationSpec(
+        dtype=dtype,
+        observer_or_fake_quant_ctr=ours.with_args(**kwargs),
+        qscheme=obs.qscheme,
+        ch_axis=int(obs.ch_axis) if per_channel else None,
+        is_dynamic=facts.is_dynamic,
+    )  # quant_min / quant_max left to the observer, built as FX mode builds it
+    return spec, facts
