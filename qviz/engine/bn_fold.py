@@ -33,7 +33,18 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 from qviz.engine.constants import get_attr_value
 from qviz.engine.handles import COMPARE_AS, handle
 
-__all__ = ["BN_OPS", "CONV_OPS", "LINEAR_OPS", "fold_batch_norm", "fused_conv_bn_params"]
+__all__ = [
+    "BN_OPS",
+    "CONV_OPS",
+    "FOLDED_BN",
+    "LINEAR_OPS",
+    "fold_batch_norm",
+    "fused_conv_bn_params",
+]
+
+#: ``node.meta`` key of a conv / linear: the classes (``module.qualname``) of the BatchNorm
+#: modules folded into it, so pattern matchers still see them (``(Conv2d, BatchNorm2d, ReLU)``).
+FOLDED_BN = "qviz_folded_batch_norm"
 
 aten = torch.ops.aten
 CONV_OPS = {
@@ -146,7 +157,16 @@ def fused_conv_bn_params(
     )
 
 
+def _bn_class(bn: Node) -> str:
+    stack = bn.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "torch.nn.functional.batch_norm"
+    cls = list(stack.values())[-1][1]
+    return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+
+
 def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
+    conv.meta[FOLDED_BN] = (*conv.meta.get(FOLDED_BN, ()), _bn_class(bn))
     weight_node = conv.args[1]
     bias_node = conv.args[2] if len(conv.args) > 2 else None
     fused_w, fused_b = fused_conv_bn_params(gm, conv, bn)

@@ -285,6 +285,8 @@ class QuantPlan:
 
 
 def _range(s: SpecSummary) -> str:
+    if s.quant_min is None and s.quant_max is None:
+        return "(the observer's range)"
     full = {"int32": (-(2**31), 2**31 - 1)}.get(s.dtype or "")
     return "full range" if full == (s.quant_min, s.quant_max) else f"[{s.quant_min}, {s.quant_max}]"
 

@@ -3,8 +3,10 @@
 The vocabulary of PyTorch's BackendConfig tutorial, setter for setter:
 :class:`BackendConfig`, :class:`BackendPatternConfig`, :class:`DTypeConfig`,
 :class:`DTypeWithConstraints`, :class:`ObservationType`, :class:`QConfig`,
-:class:`QConfigMapping`, :func:`get_default_qconfig_mapping`. torch.ao's objects of these types
-(and its shipped backend configs) are read with the ``of`` class methods.
+:class:`QConfigMapping`, :func:`get_default_qconfig_mapping`; and
+:class:`BackendConfigQuantizer`, which applies them to an exported graph for ``prepare_pt2e``
+and records a reason for every quantizable node it leaves in float. torch.ao's objects of these
+types (and its shipped backend configs) are accepted as they are.
 
 Example:
     >>> import torch
@@ -21,9 +23,11 @@ Example:
 from qviz.engine.backend_config.config import BackendConfig, BackendPatternConfig, pattern_name
 from qviz.engine.backend_config.dtypes import DTypeConfig, DTypeWithConstraints, ObservationType
 from qviz.engine.backend_config.qconfig import QConfig, QConfigMapping, get_default_qconfig_mapping
+from qviz.engine.backend_config.quantizer import BackendConfigQuantizer
 
 __all__ = [
     "BackendConfig",
+    "BackendConfigQuantizer",
     "BackendPatternConfig",
     "DTypeConfig",
     "DTypeWithConstraints",

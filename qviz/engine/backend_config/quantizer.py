@@ -1,0 +1,168 @@
+"""BackendConfigQuantizer: a backend declared as data, applied to an exported graph.
+
+For each pattern of the BackendConfig (longest fused tuples first), every place it occurs
+(:mod:`qviz.engine.backend_config.matching`) gets the QConfig the QConfigMapping gives there;
+the first of the pattern's DTypeConfigs that QConfig fits (:mod:`.constraints`) decides, and the
+pattern is annotated by its observation type: its own output observer, its input's observer
+shared with the output, or nothing observed. Everything quantizable it leaves in float gets a
+reason in the plan: no pattern for what the graph does (with the closest declared one), a
+QConfig that fits none of the pattern's dtype configs (with the failed constraint), or a
+QConfig of None.
+
+Example:
+    >>> import torch, qviz
+    >>> from torch import nn
+    >>> from torch.ao.quantization import get_default_qconfig
+    >>> from qviz.engine.backend_config import (BackendConfig, BackendPatternConfig,
+    ...     DTypeConfig, QConfigMapping)
+    >>> backend = BackendConfig("b").set_backend_pattern_config(BackendPatternConfig(nn.Linear)
+    ...     .add_dtype_config(DTypeConfig(torch.quint8, torch.quint8, torch.qint8, torch.float)))
+    >>> mapping = QConfigMapping().set_global(get_default_qconfig("x86"))
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.Sigmoid()).eval()
+    >>> gm = qviz.export(model, (torch.randn(2, 4),))
+    >>> plan = qviz.prepare_pt2e(gm, BackendConfigQuantizer(backend, mapping)).plan
+    >>> [(f.node, str(f.reason)) for f in plan.float_nodes]
+    [('sigmoid', 'pattern unsupported')]
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from torch.fx import GraphModule, Node
+
+from qviz.engine.backend_config.config import BackendConfig, BackendPatternConfig, pattern_name
+from qviz.engine.backend_config.constraints import dtype_config_problem
+from qviz.engine.backend_config.dtypes import ObservationType
+from qviz.engine.backend_config.matching import Unit, graph_units, match_chain, unit_chain
+from qviz.engine.backend_config.observers import observer_spec
+from qviz.engine.backend_config.qconfig import QConfigMapping
+from qviz.engine.plan import QUANTIZABLE_OPS
+from qviz.engine.quantizer import Quantizer
+from qviz.engine.quantizers.annotate import (
+    DTYPE_CONSTRAINT,
+    PATTERN_UNSUPPORTED,
+    USER_FALLBACK,
+    annotate,
+    mark_annotated,
+    record_float_reason,
+)
+from qviz.engine.quantizers.scope import check_module_names
+from qviz.engine.specs import SharedQuantizationSpec
+
+__all__ = ["BackendConfigQuantizer"]
+
+_WEIGHTED = ("conv", "linear")
+
+
+def _length(config: BackendPatternConfig) -> int:
+    return len(config.pattern) if isinstance(config.pattern, tuple) else 1
+
+
+def _weight_of(anchor: Node) -> Node | None:
+    name = getattr(anchor.target, "__name__", "")
+    if not name.startswith(_WEIGHTED) or len(anchor.args) < 2:
+        return None
+    weight = anchor.args[1]
+    return weight if isinstance(weight, Node) and weight.op == "get_attr" else None
+
+
+def _activation_inputs(anchor: Node) -> list[Node]:
+    return [n for n in anchor.all_input_nodes if n.op != "get_attr"]
+
+
+class BackendConfigQuantizer(Quantizer):
+    """Annotate what ``backend_config`` runs quantized, with the QConfigs of ``qconfig_mapping``.
+
+    Args:
+        backend_config: qviz's BackendConfig, or torch.ao's (e.g. the native / x86 config).
+        qconfig_mapping: qviz's QConfigMapping, or torch.ao's.
+    """
+
+    def __init__(self, backend_config: Any, qconfig_mapping: Any) -> None:
+        super().__init__()
+        self.backend_config = BackendConfig.of(backend_config)
+        self.qconfig_mapping = QConfigMapping.of(qconfig_mapping)
+        self._specs: dict[int, Any] = {}
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        check_module_names(model, self.qconfig_mapping.named_modules(), "QConfigMapping")
+        units = graph_units(model)
+        claimed: set[Unit] = set()
+        configs = sorted(self.backend_config.configs, key=_length, reverse=True)
+        for config in configs:
+            for unit in units:
+                if unit in claimed:
+                    continue
+                chain = match_chain(unit, config.pattern, units)
+                if chain is None or any(u in claimed for u in chain):
+                    continue
+                claimed.update(chain)
+                self._apply(config, chain)
+        self._explain_unmatched(units, claimed)
+        return model
+
+    def validate(self, model: GraphModule) -> None:
+        """Nothing to check after annotation: every decision was checked while annotating."""
+
+    def _qconfig(self, config: BackendPatternConfig, chain: list[Unit]) -> Any:
+        first = config.pattern[0] if isinstance(config.pattern, tuple) else config.pattern
+        return self.qconfig_mapping.qconfig_for(chain[0].module, first)
+
+    def _apply(self, config: BackendPatternConfig, chain: list[Unit]) -> None:
+        anchor, nodes = chain[0].nodes[0], [n for u in chain for n in u.nodes]
+        where = f"{pattern_name(config.pattern)} at {anchor.name}"
+        qconfig = self._qconfig(config, chain)
+        if qconfig is None:
+            detail = f"the QConfigMapping gives None for {where} (module '{chain[0].module}')"
+            for node in nodes:
+                record_float_reason(node, USER_FALLBACK, detail)
+            return
+        act, act_facts = observer_spec(qconfig.activation, f"{where}: activation", self._specs)
+        weight, weight_facts = observer_spec(qconfig.weight, f"{where}: weight", self._specs)
+        weight_node = _weight_of(anchor)
+        problems = [
+            dtype_config_problem(d, act_facts, weight_facts, weight_node is not None)
+            for d in config.dtype_configs
+        ]
+        if None not in problems:
+            why = problems[0] if problems else "the backend declares no DTypeConfig for it"
+            detail = f"{where}: {why}"
+            for node in nodes:
+                record_float_reason(node, DTYPE_CONSTRAINT, detail)
+            return
+        dtypes = config.dtype_configs[problems.index(None)]
+        mark_annotated(nodes)
+        if config.observation_type is ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
+            return
+        inputs = dict.fromkeys(_activation_inputs(anchor), act)
+        if weight_node is not None and weight is not None:
+            inputs[weight_node] = weight
+        output = act if dtypes.output_dtype is not None and not act_facts.is_dynamic else None
+        if config.observation_type is ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT and inputs:
+            first = next(iter(inputs))
+            output = SharedQuantizationSpec((first, anchor)) if output is not None else None
+        last = chain[-1].output
+        annotate(anchor, inputs, output if last is anchor else None)
+        if last is not anchor:
+            annotate(last, {}, output)
+
+    def _explain_unmatched(self, units: list[Unit], claimed: set[Unit]) -> None:
+        declared = [pattern_name(c.pattern) for c in self.backend_config.configs]
+        for unit in units:
+            if unit in claimed:
+                continue
+            for node in unit.nodes:
+                if node.target not in QUANTIZABLE_OPS or "qviz_float_reason" in node.meta:
+                    continue
+                weighted = getattr(unit.nodes[0].target, "__name__", "").startswith(_WEIGHTED)
+                chain = unit_chain(unit, units, 3 if weighted else 1 + len(unit.folded))
+                does = "(" + ", ".join(chain) + ")" if len(chain) > 1 else chain[0]
+                close = difflib.get_close_matches(does, declared, n=1, cutoff=0.4)
+                record_float_reason(
+                    node,
+                    PATTERN_UNSUPPORTED,
+                    f"{node.name}: backend '{self.backend_config.name}' has no pattern for "
+                    f"{does}" + (f"; closest: {close[0]}" if close else ""),
+                )

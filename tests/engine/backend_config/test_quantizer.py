@@ -1,0 +1,241 @@
+"""The BackendConfig tutorial's three scenarios on qviz's PT2E engine, with torch.ao's FX mode
+(prepare_fx / convert_to_reference_fx) as the reference: the same operators quantized, the
+same activation qparams bit for bit, outputs within one quantization step; and a reason for
+every node left in float, where FX says nothing.
+
+The backend is built by one function for both libraries: only the module it takes differs,
+which is the tutorial's "ports by changing imports".
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.ao.quantization.observer import MinMaxObserver
+
+import qviz
+from qviz.engine import backend_config as qviz_api
+from qviz.engine.backend_config.quantizer import BackendConfigQuantizer
+from qviz.engine.plan import FloatReason
+from qviz.errors import ConfigError
+
+ao_api = pytest.importorskip("torch.ao.quantization.backend_config")
+importlib.import_module("torch.ao.quantization.backend_config.utils")
+quantize_fx = pytest.importorskip("torch.ao.quantization.quantize_fx")
+ao_qconfig = pytest.importorskip("torch.ao.quantization")
+
+nni, nniqat = torch.ao.nn.intrinsic, torch.ao.nn.intrinsic.qat
+nnqr = torch.ao.nn.quantized.reference
+
+
+def tutorial_backend(api):
+    """The tutorial's backend, in ``api`` (qviz's backend_config or torch.ao's)."""
+    act = api.DTypeWithConstraints(
+        dtype=torch.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255,
+        scale_min_lower_bound=2**-12,
+    )  # fmt: skip
+    weight = api.DTypeWithConstraints(
+        dtype=torch.qint8, quant_min_lower_bound=-128, quant_max_upper_bound=127,
+        scale_min_lower_bound=2**-12,
+    )  # fmt: skip
+    dtypes = api.DTypeConfig(
+        input_dtype=act, output_dtype=act, weight_dtype=weight, bias_dtype=torch.float
+    )
+    different = api.ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+
+    def fuse_conv2d_relu(is_qat, conv, relu):
+        return nni.ConvReLU2d(conv, relu)
+
+    linear = (
+        api.BackendPatternConfig(nn.Linear)
+        .set_observation_type(different)
+        .add_dtype_config(dtypes)
+        .set_root_module(nn.Linear)
+        .set_qat_module(torch.ao.nn.qat.Linear)
+        .set_reference_quantized_module(nnqr.Linear)
+    )
+    conv_relu = (
+        api.BackendPatternConfig((nn.Conv2d, nn.ReLU))
+        .set_observation_type(different)
+        .add_dtype_config(dtypes)
+        .set_fused_module(nni.ConvReLU2d)
+        .set_fuser_method(fuse_conv2d_relu)
+    )
+    fused_conv_relu = (
+        api.BackendPatternConfig(nni.ConvReLU2d)
+        .set_observation_type(different)
+        .add_dtype_config(dtypes)
+        .set_root_module(nn.Conv2d)
+        .set_qat_module(nniqat.ConvReLU2d)
+        .set_reference_quantized_module(nnqr.Conv2d)
+    )
+    return (
+        api.BackendConfig("my_backend")
+        .set_backend_pattern_config(linear)
+        .set_backend_pattern_config(conv_relu)
+        .set_backend_pattern_config(fused_conv_relu)
+    )
+
+
+class MyModel(nn.Module):
+    """The tutorial's model: linear, conv, optional batch norm, relu, sigmoid."""
+
+    def __init__(self, use_bn: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(10, 3)
+        self.conv = nn.Conv2d(3, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+        self.relu = nn.ReLU()
+        self.sigmoid = nn.Sigmoid()
+        self.use_bn = use_bn
+
+    def forward(self, x):
+        x = self.conv(self.linear(x))
+        if self.use_bn:
+            x = self.bn(x)
+        return self.sigmoid(self.relu(x))
+
+
+def _constrained_qconfig(api_qconfig):
+    return api_qconfig(
+        activation=MinMaxObserver.with_args(
+            dtype=torch.quint8, quant_min=0, quant_max=255, eps=2**-12
+        ),
+        weight=MinMaxObserver.with_args(
+            dtype=torch.qint8, qscheme=torch.per_tensor_symmetric, eps=2**-12
+        ),
+    )
+
+
+def _default_qconfig(api_qconfig):
+    return api_qconfig(*ao_qconfig.get_default_qconfig("x86"))
+
+
+def _fx(model, qconfig, batches):
+    mapping = ao_qconfig.QConfigMapping().set_global(qconfig(ao_qconfig.QConfig))
+    backend = tutorial_backend(ao_api)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = quantize_fx.prepare_fx(
+            copy.deepcopy(model), mapping, batches[0], backend_config=backend
+        )
+        for b in batches:
+            prepared(*b)
+        qparams = sorted(
+            tuple(float(v) for v in m.calculate_qparams())
+            for name, m in prepared.named_modules()
+            if name.startswith("activation_post_process")
+        )
+        converted = quantize_fx.convert_to_reference_fx(prepared, backend_config=backend)
+    quantized = {  # the reference quantized modules (a fused conv-relu's conv is "conv.0")
+        name.removesuffix(".0")
+        for name, module in converted.named_modules()
+        if type(module).__module__.startswith("torch.ao.nn.quantized.reference")
+    }
+    return converted, qparams, quantized
+
+
+def _qviz(model, qconfig, batches):
+    mapping = qviz_api.QConfigMapping().set_global(qconfig(qviz_api.QConfig))
+    gm = qviz.export(model, batches[0])
+    prepared = qviz.prepare_pt2e(gm, BackendConfigQuantizer(tutorial_backend(qviz_api), mapping))
+    if prepared.plan.groups:
+        qviz.calibrate(prepared, batches, progress=False)
+        converted = qviz.convert_pt2e(prepared)
+    else:
+        converted = prepared
+    plan = converted.plan
+    qparams = sorted(
+        (float(g.qparams.scale), float(g.qparams.zero_point))
+        for g in plan.groups
+        if g.spec.dtype == "quint8"
+    )
+    floats = {f.node for f in plan.float_nodes}
+    quantized = {
+        n.meta["nn_module_stack"][next(reversed(n.meta["nn_module_stack"]))][0]
+        for n in converted.graph.nodes
+        if n.op == "call_function"
+        and n.target in (torch.ops.aten.linear.default, torch.ops.aten.conv2d.default)
+        and n.name not in floats
+    }
+    return converted, plan, qparams, quantized
+
+
+SCENARIOS = {
+    "conv-relu": (False, _constrained_qconfig, {"linear", "conv"}),
+    "conv-bn-relu": (True, _constrained_qconfig, {"linear"}),
+    "default-qconfig": (False, _default_qconfig, set()),
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_tutorials_scenarios_match_fx_mode(name):
+    use_bn, qconfig, expected = SCENARIOS[name]
+    torch.manual_seed(0)
+    model = MyModel(use_bn).eval()
+    if use_bn:
+        with torch.no_grad():
+            model.bn.running_mean.uniform_(-0.2, 0.2)
+            model.bn.running_var.uniform_(0.5, 1.5)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.rand(1, 3, 10, 10, generator=g),) for _ in range(3)]
+    fx, fx_qparams, fx_quantized = _fx(model, qconfig, batches)
+    ours, plan, qparams, quantized = _qviz(model, qconfig, batches)
+    assert quantized == fx_quantized == expected
+    assert qparams == fx_qparams  # every activation's scale and zero_point, bit for bit
+    step = max((s for s, _ in qparams), default=0.0)
+    for b in batches:
+        diff = (ours(*b) - fx(*b)).abs().max().item()
+        assert diff <= step + 1e-6, f"{name}: {diff} > one step {step}"
+    # and every quantizable node left in float says why
+    reasons = {f.node: (f.reason, f.detail) for f in plan.float_nodes}
+    assert "sigmoid" in reasons and reasons["sigmoid"][0] is FloatReason.PATTERN_UNSUPPORTED
+    assert "has no pattern for Sigmoid" in reasons["sigmoid"][1]
+    if name == "conv-bn-relu":
+        reason, detail = reasons["conv2d"]
+        assert reason is FloatReason.PATTERN_UNSUPPORTED
+        assert "no pattern for (Conv2d, BatchNorm2d, ReLU); closest: (Conv2d, ReLU)" in detail
+    if name == "default-qconfig":
+        reason, detail = reasons["linear"]
+        assert reason is FloatReason.DTYPE_CONSTRAINT
+        assert "eps=1.19e-07 is below the backend's scale_min_lower_bound=0.000244" in detail
+        assert set(reasons) == {"linear", "conv2d", "relu", "sigmoid"}
+
+
+def test_torch_aos_own_backend_and_mapping_objects_are_accepted():
+    torch.manual_seed(0)
+    model = MyModel(False).eval()
+    x = (torch.rand(1, 3, 10, 10),)
+    mapping = ao_qconfig.QConfigMapping().set_global(_constrained_qconfig(ao_qconfig.QConfig))
+    quantizer = BackendConfigQuantizer(tutorial_backend(ao_api), mapping)
+    plan = qviz.prepare_pt2e(qviz.export(model, x), quantizer).plan
+    assert {f.node for f in plan.float_nodes} == {"sigmoid"}
+
+
+def test_a_qconfig_of_none_keeps_that_module_float_and_says_so():
+    torch.manual_seed(0)
+    model = MyModel(False).eval()
+    x = (torch.rand(1, 3, 10, 10),)
+    mapping = (
+        qviz_api.QConfigMapping()
+        .set_global(_constrained_qconfig(qviz_api.QConfig))
+        .set_module_name("linear", None)
+    )
+    quantizer = BackendConfigQuantizer(tutorial_backend(qviz_api), mapping)
+    plan = qviz.prepare_pt2e(qviz.export(model, x), quantizer).plan
+    (linear,) = [f for f in plan.float_nodes if f.node == "linear"]
+    assert linear.reason is FloatReason.USER_FALLBACK
+    assert "QConfigMapping gives None for Linear at linear" in linear.detail
+
+
+def test_a_mapping_naming_a_module_the_model_lacks_is_a_config_error():
+    mapping = qviz_api.QConfigMapping().set_module_name("linaer", None)
+    quantizer = BackendConfigQuantizer(tutorial_backend(qviz_api), mapping)
+    gm = qviz.export(MyModel(False).eval(), (torch.rand(1, 3, 10, 10),))
+    with pytest.raises(ConfigError, match=r"'linaer'.*closest: \['linear'\]"):
+        qviz.prepare_pt2e(gm, quantizer)
