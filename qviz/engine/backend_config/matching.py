@@ -18,24 +18,27 @@ Example:
     >>> units = graph_units(gm)
     >>> [u.name for u in units]
     ['Conv2d', 'ReLU']
-    >>> [u.name for u in match_chain(units[0], (nn.Conv2d, nn.ReLU), units)]
+    >>> [u.name for u in match_chain(units[0], (nn.Conv2d, nn.ReLU), first_nodes(units))]
     ['Conv2d', 'ReLU']
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.bn_fold import FOLDED_BN
+from qviz.engine.compat import OpOverloadPacket
 from qviz.engine.quantizers.scope import module_names, operator_matches, resolve_operator
 from qviz.errors import ConfigError
 
-__all__ = ["Unit", "graph_units", "match_chain", "unit_chain"]
+__all__ = ["Unit", "first_nodes", "graph_units", "match_chain", "unit_chain"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,22 +100,33 @@ def graph_units(gm: GraphModule) -> list[Unit]:
     return units
 
 
+@functools.cache
+def _ops_of(element: Any) -> tuple:
+    """The ATen operators a function or method-name element exports to (() if none)."""
+    if isinstance(element, str):
+        names = dict.fromkeys((element, element.rstrip("_")))
+        packets = (getattr(torch.ops.aten, n, None) for n in names)
+        return tuple(p for p in packets if isinstance(p, OpOverloadPacket))
+    try:
+        ops = resolve_operator(element)
+    except ConfigError:
+        return ()
+    # ``out += x`` exports to the in-place ``aten.add_``: the same operator to a backend
+    inplace = (
+        getattr(torch.ops.aten, f"{op._qualified_op_name.split('::')[1]}_", None)
+        for op in ops
+        if isinstance(op, OpOverloadPacket)
+    )
+    return (*ops, *(p for p in inplace if isinstance(p, OpOverloadPacket)))
+
+
 def _element_matches(unit: Unit, element: Any) -> bool:
     if isinstance(element, type):
         return unit.module_class == f"{element.__module__}.{element.__qualname__}"
     if unit.module_class is not None or len(unit.nodes) != 1:
         return False
-    try:
-        ops = resolve_operator(element if not isinstance(element, str) else _method(element))
-    except ConfigError:
-        return False
-    return operator_matches(unit.nodes[0], ops)
-
-
-def _method(name: str) -> Any:
-    import torch
-
-    return getattr(torch.Tensor, name, None) or getattr(torch, name.rstrip("_"))
+    ops = _ops_of(element)
+    return bool(ops) and operator_matches(unit.nodes[0], ops)
 
 
 def _next_unit(unit: Unit, by_first: dict[Node, Unit]) -> Unit | None:
@@ -122,13 +136,17 @@ def _next_unit(unit: Unit, by_first: dict[Node, Unit]) -> Unit | None:
     return by_first.get(users[0])
 
 
-def match_chain(start: Unit, pattern: Any, units: Sequence[Unit]) -> list[Unit] | None:
+def first_nodes(units: Sequence[Unit]) -> dict[Node, Unit]:
+    """Each unit by its first node (what the chain functions follow users through)."""
+    return {u.nodes[0]: u for u in units}
+
+
+def match_chain(start: Unit, pattern: Any, by_first: dict[Node, Unit]) -> list[Unit] | None:
     """The units ``pattern`` covers when it starts at ``start``, or None.
 
     A folded BatchNorm must be named by the pattern (it is part of what the unit computes).
     """
     elements = pattern if isinstance(pattern, tuple) else (pattern,)
-    by_first = {u.nodes[0]: u for u in units}
     chain, unit, index = [start], start, 0
     if not _element_matches(start, elements[0]):
         return None
@@ -149,10 +167,9 @@ def match_chain(start: Unit, pattern: Any, units: Sequence[Unit]) -> list[Unit] 
         index += 1
 
 
-def unit_chain(start: Unit, units: Sequence[Unit], length: int = 3) -> tuple[str, ...]:
+def unit_chain(start: Unit, by_first: dict[Node, Unit], length: int = 3) -> tuple[str, ...]:
     """What the graph does from ``start`` on, as pattern element names (folded BatchNorms
     included), up to ``length`` elements: what a backend would have to declare."""
-    by_first = {u.nodes[0]: u for u in units}
     names: list[str] = []
     unit: Unit | None = start
     while unit is not None and len(names) < length:

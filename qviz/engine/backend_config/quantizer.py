@@ -35,7 +35,13 @@ from torch.fx import GraphModule, Node
 from qviz.engine.backend_config.config import BackendConfig, BackendPatternConfig, pattern_name
 from qviz.engine.backend_config.constraints import dtype_config_problem
 from qviz.engine.backend_config.dtypes import ObservationType
-from qviz.engine.backend_config.matching import Unit, graph_units, match_chain, unit_chain
+from qviz.engine.backend_config.matching import (
+    Unit,
+    first_nodes,
+    graph_units,
+    match_chain,
+    unit_chain,
+)
 from qviz.engine.backend_config.observers import observer_spec
 from qviz.engine.backend_config.qconfig import QConfigMapping
 from qviz.engine.plan import QUANTIZABLE_OPS
@@ -89,18 +95,19 @@ class BackendConfigQuantizer(Quantizer):
     def annotate(self, model: GraphModule) -> GraphModule:
         check_module_names(model, self.qconfig_mapping.named_modules(), "QConfigMapping")
         units = graph_units(model)
+        by_first = first_nodes(units)
         claimed: set[Unit] = set()
         configs = sorted(self.backend_config.configs, key=_length, reverse=True)
         for config in configs:
             for unit in units:
                 if unit in claimed:
                     continue
-                chain = match_chain(unit, config.pattern, units)
+                chain = match_chain(unit, config.pattern, by_first)
                 if chain is None or any(u in claimed for u in chain):
                     continue
                 claimed.update(chain)
                 self._apply(config, chain)
-        self._explain_unmatched(units, claimed)
+        self._explain_unmatched(units, by_first, claimed)
         return model
 
     def validate(self, model: GraphModule) -> None:
@@ -148,7 +155,9 @@ class BackendConfigQuantizer(Quantizer):
         if last is not anchor:
             annotate(last, {}, output)
 
-    def _explain_unmatched(self, units: list[Unit], claimed: set[Unit]) -> None:
+    def _explain_unmatched(
+        self, units: list[Unit], by_first: dict[Node, Unit], claimed: set[Unit]
+    ) -> None:
         declared = [pattern_name(c.pattern) for c in self.backend_config.configs]
         for unit in units:
             if unit in claimed:
@@ -157,7 +166,7 @@ class BackendConfigQuantizer(Quantizer):
                 if node.target not in QUANTIZABLE_OPS or "qviz_float_reason" in node.meta:
                     continue
                 weighted = getattr(unit.nodes[0].target, "__name__", "").startswith(_WEIGHTED)
-                chain = unit_chain(unit, units, 3 if weighted else 1 + len(unit.folded))
+                chain = unit_chain(unit, by_first, 3 if weighted else 1 + len(unit.folded))
                 does = "(" + ", ".join(chain) + ")" if len(chain) > 1 else chain[0]
                 close = difflib.get_close_matches(does, declared, n=1, cutoff=0.4)
                 record_float_reason(

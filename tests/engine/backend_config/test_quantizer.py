@@ -239,3 +239,57 @@ def test_a_mapping_naming_a_module_the_model_lacks_is_a_config_error():
     gm = qviz.export(MyModel(False).eval(), (torch.rand(1, 3, 10, 10),))
     with pytest.raises(ConfigError, match=r"'linaer'.*closest: \['linear'\]"):
         qviz.prepare_pt2e(gm, quantizer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_torchvision_models_under_the_x86_backend_match_fx_mode(name):
+    """torch.ao's own x86 BackendConfig and default QConfigMapping, random weights with
+    warmed-up BatchNorm statistics: every activation's qparams bit for bit and nothing left
+    float. The outputs differ by a few steps of the output grid (measured: resnet18 at most 5,
+    mean 1.1; mobilenet_v2 at most 2): FX's reference model rounds with torch's native
+    ``quantize_per_tensor``, the PT2E format with ``quantized_decomposed`` (``x * (1 / scale)``),
+    so a value on a rounding boundary lands one step apart (one input element of the resnet18
+    batch does), and a random-weight network amplifies that flip layer after layer."""
+    torchvision = pytest.importorskip("torchvision")
+    from torch.ao.quantization.backend_config.x86 import get_x86_backend_config
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None)
+    with torch.no_grad():
+        for _ in range(3):  # BatchNorm statistics of real data-like activations
+            model.train()(torch.randn(4, 3, 64, 64))
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 3, 64, 64, generator=g),) for _ in range(3)]
+    mapping = ao_qconfig.get_default_qconfig_mapping("x86")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx = quantize_fx.prepare_fx(
+            copy.deepcopy(model), mapping, batches[0], backend_config=get_x86_backend_config()
+        )
+        for b in batches:
+            fx(*b)
+        fx_qparams = sorted(
+            tuple(float(v) for v in m.calculate_qparams())
+            for n, m in fx.named_modules()
+            if n.startswith("activation_post_process")
+        )
+        fx = quantize_fx.convert_to_reference_fx(fx, backend_config=get_x86_backend_config())
+    quantizer = BackendConfigQuantizer(get_x86_backend_config(), mapping)
+    prepared = qviz.prepare_pt2e(qviz.export(model, batches[0]), quantizer)
+    assert prepared.plan.float_nodes == ()
+    qviz.calibrate(prepared, batches, progress=False)
+    ours = qviz.convert_pt2e(prepared)
+    qparams = sorted(
+        (float(gr.qparams.scale), float(gr.qparams.zero_point))
+        for gr in ours.plan.groups
+        if gr.spec.dtype == "quint8"
+    )
+    assert qparams == fx_qparams
+    (out,) = next(n for n in ours.graph.nodes if n.op == "output").args[0]
+    step = ours.plan.group_of_node(out.name).qparams.scale
+    for b in batches:
+        diff = (ours(*b) - fx(*b)).abs()
+        assert diff.max().item() <= 8 * step
+        assert diff.mean().item() <= 1.5 * step
