@@ -38,7 +38,14 @@ from qviz.engine.compat import OpOverloadPacket
 from qviz.engine.quantizers.scope import module_names, operator_matches, resolve_operator
 from qviz.errors import ConfigError
 
-__all__ = ["Unit", "first_nodes", "graph_units", "match_chain", "unit_chain"]
+__all__ = [
+    "Unit",
+    "first_nodes",
+    "following_units",
+    "graph_units",
+    "match_chain",
+    "unit_chain",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,6 +172,18 @@ def match_chain(start: Unit, pattern: Any, by_first: dict[Node, Unit]) -> list[U
             return None
         chain.append(unit)
         index += 1
+
+
+def following_units(start: Unit, by_first: dict[Node, Unit], count: int) -> list[Unit]:
+    """Up to ``count`` units after ``start``, each the only reader of the one before."""
+    out: list[Unit] = []
+    unit: Unit | None = start
+    while len(out) < count:
+        unit = _next_unit(unit, by_first) if unit is not None else None
+        if unit is None:
+            break
+        out.append(unit)
+    return out
 
 
 def unit_chain(start: Unit, by_first: dict[Node, Unit], length: int = 3) -> tuple[str, ...]:

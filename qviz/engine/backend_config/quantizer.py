@@ -38,6 +38,7 @@ from qviz.engine.backend_config.dtypes import ObservationType
 from qviz.engine.backend_config.matching import (
     Unit,
     first_nodes,
+    following_units,
     graph_units,
     match_chain,
     unit_chain,
@@ -159,19 +160,26 @@ class BackendConfigQuantizer(Quantizer):
         self, units: list[Unit], by_first: dict[Node, Unit], claimed: set[Unit]
     ) -> None:
         declared = [pattern_name(c.pattern) for c in self.backend_config.configs]
+        part_of: dict[Unit, str] = {}  # a relu after an unmatched conv: say the conv's story
         for unit in units:
-            if unit in claimed:
+            if unit in claimed or unit in part_of:
                 continue
-            for node in unit.nodes:
-                if node.target not in QUANTIZABLE_OPS or "qviz_float_reason" in node.meta:
-                    continue
-                weighted = getattr(unit.nodes[0].target, "__name__", "").startswith(_WEIGHTED)
-                chain = unit_chain(unit, by_first, 3 if weighted else 1 + len(unit.folded))
-                does = "(" + ", ".join(chain) + ")" if len(chain) > 1 else chain[0]
-                close = difflib.get_close_matches(does, declared, n=1, cutoff=0.4)
-                record_float_reason(
-                    node,
-                    PATTERN_UNSUPPORTED,
-                    f"{node.name}: backend '{self.backend_config.name}' has no pattern for "
-                    f"{does}" + (f"; closest: {close[0]}" if close else ""),
-                )
+            weighted = getattr(unit.nodes[0].target, "__name__", "").startswith(_WEIGHTED)
+            chain = unit_chain(unit, by_first, 3 if weighted else 1 + len(unit.folded))
+            does = "(" + ", ".join(chain) + ")" if len(chain) > 1 else chain[0]
+            close = difflib.get_close_matches(does, declared, n=1, cutoff=0.4)
+            head = f"backend '{self.backend_config.name}' has no pattern for {does}"
+            head += f"; closest: {close[0]}" if close else ""
+            followers = following_units(unit, by_first, len(chain) - 1 - len(unit.folded))
+            for follower in followers:
+                if follower not in claimed:
+                    part_of[follower] = f"part of {does} at {unit.nodes[0].name}: {head}"
+            self._record_unmatched(unit, f"{unit.nodes[0].name}: {head}")
+        for unit, detail in part_of.items():
+            self._record_unmatched(unit, f"{unit.output.name}: {detail}")
+
+    @staticmethod
+    def _record_unmatched(unit: Unit, detail: str) -> None:
+        for node in unit.nodes:
+            if node.target in QUANTIZABLE_OPS and "qviz_float_reason" not in node.meta:
+                record_float_reason(node, PATTERN_UNSUPPORTED, detail)

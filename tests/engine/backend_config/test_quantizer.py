@@ -200,6 +200,8 @@ def test_the_tutorials_scenarios_match_fx_mode(name):
         reason, detail = reasons["conv2d"]
         assert reason is FloatReason.PATTERN_UNSUPPORTED
         assert "no pattern for (Conv2d, BatchNorm2d, ReLU); closest: (Conv2d, ReLU)" in detail
+        reason, detail = reasons["relu"]
+        assert detail.startswith("relu: part of (Conv2d, BatchNorm2d, ReLU) at conv2d")
     if name == "default-qconfig":
         reason, detail = reasons["linear"]
         assert reason is FloatReason.DTYPE_CONSTRAINT
