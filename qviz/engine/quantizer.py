@@ -215,6 +215,26 @@ class ComposableQuantizer(Quantizer):
             f"whose annotation has _annotated=True"
         )
 
+    def quantization_capabilities(self) -> list[Any]:
+        """Every member's capability records, in order; a member that does not declare its
+        capabilities gets one row saying so (nothing is hidden).
+
+        Example:
+            >>> ComposableQuantizer([]).quantization_capabilities()
+            []
+        """
+        from qviz.engine.capabilities import Capability
+
+        rows: list[Any] = []
+        for quantizer in self.quantizers:
+            declare = getattr(quantizer, "quantization_capabilities", None)
+            if callable(declare):
+                rows.extend(declare())
+            else:
+                name = type(quantizer).__name__
+                rows.append(Capability(name, "(not declared)", "unknown", "?", "?", "?", "?"))
+        return rows
+
     def validate(self, model: GraphModule) -> None:
         """Run every quantizer's validate.
 

@@ -15,9 +15,10 @@ Example:
     ['max', 'mse']
 """
 
+from qviz.viz.capabilities import capabilities
 from qviz.viz.graphs import QGraph, graph
 from qviz.viz.histograms import histogram
 from qviz.viz.html_report import report
 from qviz.viz.range_view import ranges
 
-__all__ = ["QGraph", "graph", "histogram", "ranges", "report"]
+__all__ = ["QGraph", "capabilities", "graph", "histogram", "ranges", "report"]

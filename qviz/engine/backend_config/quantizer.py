@@ -45,6 +45,7 @@ from qviz.engine.backend_config.matching import (
 )
 from qviz.engine.backend_config.observers import observer_spec
 from qviz.engine.backend_config.qconfig import QConfigMapping
+from qviz.engine.capabilities import Capability
 from qviz.engine.plan import QUANTIZABLE_OPS
 from qviz.engine.quantizer import Quantizer
 from qviz.engine.quantizers.annotate import (
@@ -110,6 +111,30 @@ class BackendConfigQuantizer(Quantizer):
                 self._apply(config, chain)
         self._explain_unmatched(units, by_first, claimed)
         return model
+
+    def quantization_capabilities(self) -> list[Capability]:
+        """One record per pattern and DTypeConfig of the backend (see
+        :mod:`qviz.engine.capabilities`): what it can run quantized, whatever the QConfigs."""
+        observation = {
+            ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT: "own observer",
+            ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT: "shares its input's observer",
+            ObservationType.INPUT_OUTPUT_NOT_OBSERVED: "not observed",
+        }
+        return [
+            Capability(
+                quantizer="BackendConfigQuantizer",
+                pattern=pattern_name(config.pattern),
+                observation=observation[config.observation_type],
+                input=d.input_dtype_with_constraints.describe() if d.input_dtype else "float",
+                output=d.output_dtype_with_constraints.describe() if d.output_dtype else "float",
+                weight=d.weight_dtype_with_constraints.describe() if d.weight_dtype else "-",
+                bias=str(d.bias_dtype).replace("torch.", "") if d.bias_dtype else "-",
+                dynamic=bool(d.is_dynamic),
+                setting=f"backend '{self.backend_config.name}'",
+            )
+            for config in self.backend_config.configs
+            for d in config.dtype_configs
+        ]
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check after annotation: every decision was checked while annotating."""

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from torch.fx import GraphModule, Node
 
+from qviz.engine.capabilities import Capability
 from qviz.engine.quantizer import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY, Quantizer
 from qviz.engine.quantizers.annotate import (
     DTYPE_CONSTRAINT,
@@ -267,6 +268,18 @@ class XNNPACKQuantizer(Quantizer):
         self._record_float_reasons(model, claimed)
         self._settings = {}
         return model
+
+    def quantization_capabilities(self) -> list[Capability]:
+        """What this quantizer quantizes, per pattern and setting (see
+        :mod:`qviz.engine.capabilities`).
+
+        Example:
+            >>> XNNPACKQuantizer().quantization_capabilities()  # nothing configured
+            []
+        """
+        from qviz.engine.quantizers.xnnpack_capabilities import xnnpack_capabilities
+
+        return xnnpack_capabilities(self)
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check beyond what prepare checks (torchao's validate is empty too).
