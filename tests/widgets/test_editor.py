@@ -123,3 +123,27 @@ def test_big_models_open_collapsed():
 def test_to_code_keeps_the_dynamic_batch(gm):
     editor = AnnotationEditor(gm, example_inputs=(torch.randn(4, 1, 8, 8),), graph=False)
     assert "qviz.export(model.eval(), example_inputs, dynamic_batch=True)" in editor.to_code()
+
+
+def test_a_backend_config_quantizer_as_base_refuses_what_the_backend_cannot_run():
+    from qviz.engine import backend_config as api
+    from tests.engine.backend_config.test_quantizer import (
+        MyModel,
+        _constrained_qconfig,
+        tutorial_backend,
+    )
+
+    torch.manual_seed(0)
+    model = qviz.export(MyModel(False).eval(), (torch.rand(1, 3, 10, 10),))
+    mapping = api.QConfigMapping().set_global(_constrained_qconfig(api.QConfig))
+    editor = AnnotationEditor(
+        model, quantizer=api.BackendConfigQuantizer(tutorial_backend(api), mapping)
+    )
+    plan, svg = str(editor.plan), editor._graph.svg
+    editor.edit("linear", dtype="int16")  # the backend runs Linear with quint8 only
+    assert "backend 'my_backend' cannot run Linear as annotated" in editor.error
+    assert "the output's activation dtype is int16, the backend's is quint8" in editor.error
+    assert "⚠" in editor._panel.value
+    assert editor.overrides == {} and str(editor.plan) == plan and editor._graph.svg == svg
+    editor.edit("linear", quantize=False)  # leaving it float is always possible
+    assert editor.error is None and "linear" in {f.node for f in editor.plan.float_nodes}

@@ -20,12 +20,16 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.fx import Node
 
 from qviz.engine.backend_config.dtypes import DTypeConfig, DTypeWithConstraints
 from qviz.engine.backend_config.observers import ObserverFacts
+from qviz.engine.specs import Q_ANNOTATION_KEY
 
-__all__ = ["dtype_config_problem"]
+__all__ = ["annotation_problem", "dtype_config_problem", "spec_facts", "weight_of"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64, None)
 
@@ -34,24 +38,26 @@ def _name(dtype: torch.dtype | None) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _bounds_problem(role: str, c: DTypeWithConstraints, facts: ObserverFacts) -> str | None:
+def _bounds_problem(
+    role: str, c: DTypeWithConstraints, facts: ObserverFacts, who: str
+) -> str | None:
     dtype = _name(c.dtype)
     if c.quant_min_lower_bound is not None and facts.quant_min is not None:
         if facts.quant_min < c.quant_min_lower_bound:
             return (
-                f"the qconfig's {role} quant_min={facts.quant_min} is below the backend's "
+                f"{who} {role} quant_min={facts.quant_min} is below the backend's "
                 f"quant_min_lower_bound={c.quant_min_lower_bound} for {dtype}"
             )
     if c.quant_max_upper_bound is not None and facts.quant_max is not None:
         if facts.quant_max > c.quant_max_upper_bound:
             return (
-                f"the qconfig's {role} quant_max={facts.quant_max} is above the backend's "
+                f"{who} {role} quant_max={facts.quant_max} is above the backend's "
                 f"quant_max_upper_bound={c.quant_max_upper_bound} for {dtype}"
             )
     if c.scale_min_lower_bound is not None and facts.eps is not None and facts.scale is None:
         if facts.eps < c.scale_min_lower_bound:
             return (
-                f"the qconfig's {role} eps={facts.eps:.3g} is below the backend's "
+                f"{who} {role} eps={facts.eps:.3g} is below the backend's "
                 f"scale_min_lower_bound={c.scale_min_lower_bound:.3g} for {dtype} (its smallest "
                 f"scale would be smaller than the backend accepts)"
             )
@@ -60,20 +66,22 @@ def _bounds_problem(role: str, c: DTypeWithConstraints, facts: ObserverFacts) ->
             return (
                 f"the backend runs this pattern only with fixed qparams scale="
                 f"{c.scale_exact_match} zero_point={c.zero_point_exact_match} for {dtype}; the "
-                f"qconfig's {role} observer is {facts.observer}"
+                f"{who} {role} observer is {facts.observer}"
                 + (f" (scale={facts.scale}, zero_point={facts.zero_point})" if facts.scale else "")
                 + ": use a FixedQParamsObserver with these values"
             )
     return None
 
 
-def _dtype_problem(role: str, c: DTypeWithConstraints, facts: ObserverFacts | None) -> str | None:
+def _dtype_problem(
+    role: str, c: DTypeWithConstraints, facts: ObserverFacts | None, who: str
+) -> str | None:
     observed = facts.dtype if facts is not None else None
     if c.dtype in _FLOAT and observed in _FLOAT:
         return None
     if observed != c.dtype:
-        return f"the qconfig's {role} dtype is {_name(observed)}, the backend's is {_name(c.dtype)}"
-    return _bounds_problem(role, c, facts) if facts is not None else None
+        return f"{who} {role} dtype is {_name(observed)}, the backend's is {_name(c.dtype)}"
+    return _bounds_problem(role, c, facts, who) if facts is not None else None
 
 
 def dtype_config_problem(
@@ -81,13 +89,15 @@ def dtype_config_problem(
     activation: ObserverFacts | None,
     weight: ObserverFacts | None,
     has_weight: bool = True,
+    who: str = "the qconfig's",
 ) -> str | None:
     """Why a QConfig with these ``activation`` / ``weight`` observers does not fit ``config``,
-    or None when it does; ``has_weight=False`` for patterns without a weight."""
+    or None when it does; ``has_weight=False`` for patterns without a weight; ``who`` names
+    where the observers come from in the sentence."""
     dynamic = bool(activation is not None and activation.is_dynamic)
     if bool(config.is_dynamic) != dynamic:
         want = "dynamic" if config.is_dynamic else "static"
-        return f"the backend runs this pattern {want}, the qconfig's activation is not"
+        return f"the backend runs this pattern {want}, {who} activation is not"
     for role, constraint, facts in (
         ("activation", config.input_dtype_with_constraints, activation),
         ("output activation", config.output_dtype_with_constraints, activation),
@@ -97,7 +107,70 @@ def dtype_config_problem(
             continue
         if role == "weight" and not has_weight:
             continue
-        problem = _dtype_problem(role, constraint, facts)
+        problem = _dtype_problem(role, constraint, facts, who)
         if problem is not None:
             return problem
     return None
+
+
+def spec_facts(spec: Any) -> ObserverFacts | None:
+    """The facts of the observer prepare would build for ``spec`` (None: not quantized, or a
+    shared / derived spec, checked where its group is defined)."""
+    if spec is None or not hasattr(spec, "dtype") or hasattr(spec, "derived_from"):
+        return None
+    if hasattr(spec, "scale") and hasattr(spec, "zero_point"):
+        return ObserverFacts(
+            "FixedQParamsObserver", spec.dtype, spec.quant_min, spec.quant_max,
+            scale=float(spec.scale), zero_point=int(spec.zero_point),
+        )  # fmt: skip
+    from qviz.engine.prepare import _observer_from_spec
+
+    obs = _observer_from_spec(spec, {})
+    eps = getattr(obs, "eps", None)
+    return ObserverFacts(
+        type(obs).__name__, spec.dtype, getattr(obs, "quant_min", spec.quant_min),
+        getattr(obs, "quant_max", spec.quant_max),
+        eps=float(eps) if isinstance(eps, torch.Tensor) else None,
+        is_dynamic=bool(spec.is_dynamic),
+    )  # fmt: skip
+
+
+def weight_of(anchor: Node) -> Node | None:
+    """The weight of a conv / linear (a ``get_attr`` as its second argument), else None."""
+    name = getattr(anchor.target, "__name__", "")
+    if not name.startswith(("conv", "linear")) or len(anchor.args) < 2:
+        return None
+    weight = anchor.args[1]
+    return weight if isinstance(weight, Node) and weight.op == "get_attr" else None
+
+
+def annotation_problem(config: Any, anchor: Node, last: Node) -> str | None:
+    """Why the annotations of a match (first node ``anchor``, output node ``last``) fit none of
+    ``config``'s DTypeConfigs, or None when one fits."""
+    annotation = anchor.meta.get(Q_ANNOTATION_KEY)
+    if annotation is None:
+        return None
+    weight = weight_of(anchor)
+    activation = weight_facts = None
+    for producer, spec in annotation.input_qspec_map.items():
+        if producer is weight:
+            weight_facts = spec_facts(spec)
+        elif activation is None:
+            activation = spec_facts(spec)
+    output = last.meta.get(Q_ANNOTATION_KEY)
+    output_facts = spec_facts(output.output_qspec) if output is not None else None
+    if activation is None and output_facts is None:
+        return None  # left unquantized by an edit: nothing the backend must run
+    problems = []
+    for dtypes in config.dtype_configs:
+        has_weight = weight in annotation.input_qspec_map
+        who = "the annotation's"
+        problem = dtype_config_problem(
+            dtypes, activation or output_facts, weight_facts, has_weight, who
+        )
+        if problem is None and output_facts is not None and activation is not None:
+            problem = dtype_config_problem(dtypes, output_facts, None, False, "the output's")
+        if problem is None:
+            return None
+        problems.append(problem)
+    return problems[0] if problems else "the backend declares no DTypeConfig for it"

@@ -33,7 +33,11 @@ from typing import Any
 from torch.fx import GraphModule, Node
 
 from qviz.engine.backend_config.config import BackendConfig, BackendPatternConfig, pattern_name
-from qviz.engine.backend_config.constraints import dtype_config_problem
+from qviz.engine.backend_config.constraints import (
+    annotation_problem,
+    dtype_config_problem,
+    weight_of,
+)
 from qviz.engine.backend_config.dtypes import ObservationType
 from qviz.engine.backend_config.matching import (
     Unit,
@@ -58,22 +62,15 @@ from qviz.engine.quantizers.annotate import (
 )
 from qviz.engine.quantizers.scope import check_module_names
 from qviz.engine.specs import SharedQuantizationSpec
+from qviz.errors import AnnotationError
 
 __all__ = ["BackendConfigQuantizer"]
 
-_WEIGHTED = ("conv", "linear")
+_WEIGHTED = ("conv", "linear")  # a pattern starting with these names describes its chain
 
 
 def _length(config: BackendPatternConfig) -> int:
     return len(config.pattern) if isinstance(config.pattern, tuple) else 1
-
-
-def _weight_of(anchor: Node) -> Node | None:
-    name = getattr(anchor.target, "__name__", "")
-    if not name.startswith(_WEIGHTED) or len(anchor.args) < 2:
-        return None
-    weight = anchor.args[1]
-    return weight if isinstance(weight, Node) and weight.op == "get_attr" else None
 
 
 def _activation_inputs(anchor: Node) -> list[Node]:
@@ -93,9 +90,12 @@ class BackendConfigQuantizer(Quantizer):
         self.backend_config = BackendConfig.of(backend_config)
         self.qconfig_mapping = QConfigMapping.of(qconfig_mapping)
         self._specs: dict[int, Any] = {}
+        #: anchor node name -> (pattern config, output node name) of each quantized match
+        self._claims: dict[str, tuple[BackendPatternConfig, str]] = {}
 
     def annotate(self, model: GraphModule) -> GraphModule:
         check_module_names(model, self.qconfig_mapping.named_modules(), "QConfigMapping")
+        self._claims = {}
         units = graph_units(model)
         by_first = first_nodes(units)
         claimed: set[Unit] = set()
@@ -137,7 +137,28 @@ class BackendConfigQuantizer(Quantizer):
         ]
 
     def validate(self, model: GraphModule) -> None:
-        """Nothing to check after annotation: every decision was checked while annotating."""
+        """Check that every quantized match still fits one of its pattern's DTypeConfigs.
+
+        The annotations this quantizer wrote fit by construction; this catches edits made on
+        top of them (an OverrideQuantizer, the AnnotationEditor) that the backend cannot run.
+
+        Raises:
+            AnnotationError: a match's annotation fits none of its pattern's DTypeConfigs; the
+                message names the node, the pattern and the violated constraint.
+        """
+        nodes = {n.name: n for n in model.graph.nodes}
+        for anchor_name, (config, last_name) in self._claims.items():
+            anchor, last = nodes.get(anchor_name), nodes.get(last_name)
+            if anchor is None or last is None:
+                continue
+            problem = annotation_problem(config, anchor, last)
+            if problem is not None:
+                raise AnnotationError(
+                    f"{anchor.format_node()}: backend '{self.backend_config.name}' cannot run "
+                    f"{pattern_name(config.pattern)} as annotated: {problem}; keep the "
+                    f"annotation within the backend's DTypeConfigs "
+                    f"(quantizer.quantization_capabilities() lists them)"
+                )
 
     def _qconfig(self, config: BackendPatternConfig, chain: list[Unit]) -> Any:
         first = config.pattern[0] if isinstance(config.pattern, tuple) else config.pattern
@@ -154,7 +175,7 @@ class BackendConfigQuantizer(Quantizer):
             return
         act, act_facts = observer_spec(qconfig.activation, f"{where}: activation", self._specs)
         weight, weight_facts = observer_spec(qconfig.weight, f"{where}: weight", self._specs)
-        weight_node = _weight_of(anchor)
+        weight_node = weight_of(anchor)
         problems = [
             dtype_config_problem(d, act_facts, weight_facts, weight_node is not None)
             for d in config.dtype_configs
@@ -177,6 +198,7 @@ class BackendConfigQuantizer(Quantizer):
             first = next(iter(inputs))
             output = SharedQuantizationSpec((first, anchor)) if output is not None else None
         last = chain[-1].output
+        self._claims[anchor.name] = (config, last.name)
         annotate(anchor, inputs, output if last is anchor else None)
         if last is not anchor:
             annotate(last, {}, output)

@@ -295,3 +295,18 @@ def test_torchvision_models_under_the_x86_backend_match_fx_mode(name):
         diff = (ours(*b) - fx(*b)).abs()
         assert diff.max().item() <= 8 * step
         assert diff.mean().item() <= 1.5 * step
+
+
+def test_an_edit_outside_the_backends_dtype_configs_is_refused_by_validate():
+    from qviz.engine.quantizers import OverrideQuantizer
+    from qviz.errors import AnnotationError
+
+    torch.manual_seed(0)
+    gm = qviz.export(MyModel(False).eval(), (torch.rand(1, 3, 10, 10),))
+    mapping = qviz_api.QConfigMapping().set_global(_constrained_qconfig(qviz_api.QConfig))
+    base = BackendConfigQuantizer(tutorial_backend(qviz_api), mapping)
+    edited = OverrideQuantizer(base, {"relu": {"quant_min": 0, "quant_max": 127}})  # in [0, 255]
+    assert qviz.prepare_pt2e(gm, edited).plan.group_of("relu").spec.quant_max == 127
+    too_wide = OverrideQuantizer(base, {"x -> linear": {"dtype": "int8"}})
+    with pytest.raises(AnnotationError, match=r"cannot run Linear as annotated: the annotation's"):
+        qviz.prepare_pt2e(gm, too_wide)
