@@ -40,6 +40,7 @@ from qviz.errors import ConfigError
 
 __all__ = [
     "Unit",
+    "element_matches",
     "first_nodes",
     "following_units",
     "graph_units",
@@ -127,7 +128,8 @@ def _ops_of(element: Any) -> tuple:
     return (*ops, *(p for p in inplace if isinstance(p, OpOverloadPacket)))
 
 
-def _element_matches(unit: Unit, element: Any) -> bool:
+def element_matches(unit: Unit, element: Any) -> bool:
+    """Whether ``unit`` is a call of ``element`` (a module class, function or method name)."""
     if isinstance(element, type):
         return unit.module_class == f"{element.__module__}.{element.__qualname__}"
     if unit.module_class is not None or len(unit.nodes) != 1:
@@ -155,12 +157,12 @@ def match_chain(start: Unit, pattern: Any, by_first: dict[Node, Unit]) -> list[U
     """
     elements = pattern if isinstance(pattern, tuple) else (pattern,)
     chain, unit, index = [start], start, 0
-    if not _element_matches(start, elements[0]):
+    if not element_matches(start, elements[0]):
         return None
     index = 1
     while True:
         for bn in unit.folded:
-            if index >= len(elements) or not _element_matches(
+            if index >= len(elements) or not element_matches(
                 Unit(unit.nodes, unit.module, bn), elements[index]
             ):
                 return None
@@ -168,7 +170,7 @@ def match_chain(start: Unit, pattern: Any, by_first: dict[Node, Unit]) -> list[U
         if index == len(elements):
             return chain
         unit = _next_unit(unit, by_first)
-        if unit is None or not _element_matches(unit, elements[index]):
+        if unit is None or not element_matches(unit, elements[index]):
             return None
         chain.append(unit)
         index += 1

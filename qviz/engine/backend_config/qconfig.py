@@ -106,14 +106,22 @@ class QConfigMapping:
         )
         return self
 
-    def qconfig_for(self, module_name: str, object_type: Any, index: int | None = None) -> Any:
+    def qconfig_for(
+        self,
+        module_name: str,
+        object_type: Any,
+        index: int | None = None,
+        caller: str | None = None,
+    ) -> Any:
         """The QConfig that applies to ``object_type`` called inside ``module_name``.
 
         ``module_name`` settings apply to the module and to everything inside it (the nearest
-        enclosing name wins), as in the reference.
+        enclosing name wins), as in the reference. ``index`` is the call's position among the
+        calls of ``object_type`` made by the module ``caller`` (default ``module_name``; for a
+        layer, its parent), for ``set_module_name_object_type_order``.
         """
         if index is not None:
-            key = (module_name, object_type, index)
+            key = (module_name if caller is None else caller, object_type, index)
             if key in self.module_name_object_type_order_qconfigs:
                 return self.module_name_object_type_order_qconfigs[key]
         parts = module_name.split(".") if module_name else []

@@ -41,6 +41,7 @@ from qviz.engine.backend_config.constraints import (
 from qviz.engine.backend_config.dtypes import ObservationType
 from qviz.engine.backend_config.matching import (
     Unit,
+    element_matches,
     first_nodes,
     following_units,
     graph_units,
@@ -92,11 +93,12 @@ class BackendConfigQuantizer(Quantizer):
         self._specs: dict[int, Any] = {}
         #: anchor node name -> (pattern config, output node name) of each quantized match
         self._claims: dict[str, tuple[BackendPatternConfig, str]] = {}
+        self._units: list[Unit] = []
 
     def annotate(self, model: GraphModule) -> GraphModule:
         check_module_names(model, self.qconfig_mapping.named_modules(), "QConfigMapping")
         self._claims = {}
-        units = graph_units(model)
+        units = self._units = graph_units(model)
         by_first = first_nodes(units)
         claimed: set[Unit] = set()
         configs = sorted(self.backend_config.configs, key=_length, reverse=True)
@@ -162,7 +164,16 @@ class BackendConfigQuantizer(Quantizer):
 
     def _qconfig(self, config: BackendPatternConfig, chain: list[Unit]) -> Any:
         first = config.pattern[0] if isinstance(config.pattern, tuple) else config.pattern
-        return self.qconfig_mapping.qconfig_for(chain[0].module, first)
+        unit = chain[0]
+        caller = unit.module.rpartition(".")[0] if isinstance(first, type) else unit.module
+        earlier = self._units[: self._units.index(unit)]
+        index = sum(
+            1
+            for u in earlier
+            if element_matches(u, first)
+            and (u.module.rpartition(".")[0] if isinstance(first, type) else u.module) == caller
+        )
+        return self.qconfig_mapping.qconfig_for(unit.module, first, index, caller)
 
     def _apply(self, config: BackendPatternConfig, chain: list[Unit]) -> None:
         anchor, nodes = chain[0].nodes[0], [n for u in chain for n in u.nodes]

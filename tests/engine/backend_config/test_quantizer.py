@@ -310,3 +310,50 @@ def test_an_edit_outside_the_backends_dtype_configs_is_refused_by_validate():
     too_wide = OverrideQuantizer(base, {"x -> linear": {"dtype": "int8"}})
     with pytest.raises(AnnotationError, match=r"cannot run Linear as annotated: the annotation's"):
         qviz.prepare_pt2e(gm, too_wide)
+
+
+def test_a_qconfig_for_the_nth_call_of_a_type_matches_fx_mode():
+    """``set_module_name_object_type_order("", nn.Linear, 1, None)``: the second Linear the
+    top-level module calls stays float, in FX and in qviz (with the reason)."""
+
+    class TwoLinears(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.second(self.first(x))
+
+    torch.manual_seed(0)
+    model = TwoLinears().eval()
+    batches = [(torch.rand(2, 4),)]
+
+    def mapping(api_mapping, api_qconfig):
+        return (
+            api_mapping()
+            .set_global(_constrained_qconfig(api_qconfig))
+            .set_module_name_object_type_order("", nn.Linear, 1, None)
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx = quantize_fx.prepare_fx(
+            copy.deepcopy(model),
+            mapping(ao_qconfig.QConfigMapping, ao_qconfig.QConfig),
+            batches[0],
+            backend_config=tutorial_backend(ao_api),
+        )
+        fx(*batches[0])
+        fx = quantize_fx.convert_to_reference_fx(fx, backend_config=tutorial_backend(ao_api))
+    fx_quantized = {
+        n for n, m in fx.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
+    }
+    quantizer = BackendConfigQuantizer(
+        tutorial_backend(qviz_api), mapping(qviz_api.QConfigMapping, qviz_api.QConfig)
+    )
+    plan = qviz.prepare_pt2e(qviz.export(model, batches[0]), quantizer).plan
+    assert fx_quantized == {"first"}
+    assert [(f.node, f.reason) for f in plan.float_nodes] == [
+        ("linear_1", FloatReason.USER_FALLBACK)
+    ]
+    assert plan.group_of("linear").spec.dtype == "quint8"  # the first Linear is quantized
