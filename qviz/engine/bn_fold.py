@@ -32,6 +32,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 from qviz.engine.constants import get_attr_value
 from qviz.engine.handles import COMPARE_AS, handle
+from qviz.engine.quantizers.scope import module_type_names
 
 __all__ = [
     "BN_OPS",
@@ -158,11 +159,8 @@ def fused_conv_bn_params(
 
 
 def _bn_class(bn: Node) -> str:
-    stack = bn.meta.get("nn_module_stack") or {}
-    if not stack:
-        return "torch.nn.functional.batch_norm"
-    cls = list(stack.values())[-1][1]
-    return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+    types = module_type_names(bn)
+    return types[-1] if types else "torch.nn.functional.batch_norm"
 
 
 def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:

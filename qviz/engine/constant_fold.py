@@ -22,7 +22,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
 from qviz.engine.compat import OpOverload, OpOverloadPacket
-from qviz.engine.constants import get_attr_value
+from qviz.engine.constants import get_attr_value, register_new_buffer
 from qviz.engine.mutation import written_attrs
 from qviz.engine.qdq_ops import quantize_ops
 
@@ -81,14 +81,6 @@ def _evaluate(gm: GraphModule, node: Node, values: dict[Node, Any]) -> Any:
     return values[node]
 
 
-def _new_buffer(gm: GraphModule, value: torch.Tensor) -> str:
-    index = 0
-    while hasattr(gm, f"_frozen_param{index}"):
-        index += 1
-    gm.register_buffer(f"_frozen_param{index}", value)
-    return f"_frozen_param{index}"
-
-
 def _erase_dead(gm: GraphModule, nodes: list[Node]) -> None:
     """Erase the pure nodes of ``nodes`` (and what only they read) that nothing reads any more."""
     pending = list(nodes)
@@ -118,7 +110,7 @@ def fold_quantized_constants(gm: GraphModule) -> GraphModule:
         if not isinstance(value, torch.Tensor):
             continue
         with gm.graph.inserting_before(q):
-            frozen = gm.graph.get_attr(_new_buffer(gm, value))
+            frozen = gm.graph.get_attr(register_new_buffer(gm, "_frozen_param", value))
         frozen.meta.update(q.meta)
         inputs = q.all_input_nodes
         q.replace_all_uses_with(frozen)

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 from torch.fx import Node
 
-__all__ = ["get_attr_value"]
+__all__ = ["get_attr_value", "register_new_buffer"]
 
 _REQUIRED = object()
 
@@ -37,3 +37,20 @@ def get_attr_value(module: nn.Module, target: str | Node, *, default: Any = _REQ
         if default is _REQUIRED:
             raise
         return default
+
+
+def register_new_buffer(module: nn.Module, prefix: str, value: Any) -> str:
+    """Register tensor ``value`` as a buffer of ``module`` under the first free name
+    ``prefix0``, ``prefix1``, ...; return that name.
+
+    Example:
+        >>> import torch
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> [register_new_buffer(gm, "_scale_", torch.ones(1)) for _ in range(2)]
+        ['_scale_0', '_scale_1']
+    """
+    index = 0
+    while hasattr(module, f"{prefix}{index}"):
+        index += 1
+    module.register_buffer(f"{prefix}{index}", value)
+    return f"{prefix}{index}"

@@ -35,12 +35,10 @@ Example:
 
 from __future__ import annotations
 
-import operator
-
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from qviz.engine.qdq_ops import dequantize_ops, is_sym_size, quantize_ops
+from qviz.engine.qdq_ops import chosen_by, dequantize_ops, is_sym_size, quantize_ops
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
 __all__ = ["duplicate_dequantize", "has_valid_annotation"]
@@ -59,13 +57,7 @@ def _is_dynamic(dq: Node) -> bool:
     q = dq.args[0]
     if not (isinstance(q, Node) and q.op == "call_function" and q.target in quantize_ops()):
         return False
-    scale = q.args[1]
-    return (
-        isinstance(scale, Node)
-        and scale.target is operator.getitem
-        and isinstance(scale.args[0], Node)
-        and "choose_qparams" in str(scale.args[0].target)
-    )
+    return chosen_by(q) is not None
 
 
 def _give_own_copy(gm: GraphModule, dq: Node, user: Node) -> None:

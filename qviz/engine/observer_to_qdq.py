@@ -35,6 +35,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import quantized_decomposed
+from qviz.engine.constants import register_new_buffer
 from qviz.engine.plan import QParams
 from qviz.errors import ConfigError
 
@@ -64,14 +65,6 @@ def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return _UNDERLYING.get(dtype, dtype)
 
 
-def _new_attr(gm: GraphModule, prefix: str, value: torch.Tensor) -> str:
-    index = 0
-    while hasattr(gm, f"{prefix}{index}"):
-        index += 1
-    gm.register_buffer(f"{prefix}{index}", value)
-    return f"{prefix}{index}"
-
-
 def _dq_kwargs(source: Any) -> dict[str, torch.dtype]:
     """``out_dtype`` for a dequantize whose input is not float32 (bfloat16 models)."""
     val = source.meta.get("val") if isinstance(source, Node) else None
@@ -86,8 +79,8 @@ def _static_args(gm: GraphModule, node: Node, obs: nn.Module) -> tuple[Any, Any,
     common = (obs.quant_min, obs.quant_max, storage_dtype(obs.dtype))
     if getattr(obs, "qscheme", None) in _PER_CHANNEL:
         with gm.graph.inserting_before(node):
-            s = gm.graph.get_attr(_new_attr(gm, "_scale_", scale))
-            z = gm.graph.get_attr(_new_attr(gm, "_zero_point_", zero_point))
+            s = gm.graph.get_attr(register_new_buffer(gm, "_scale_", scale))
+            z = gm.graph.get_attr(register_new_buffer(gm, "_zero_point_", zero_point))
         record = QParams(tuple(scale.tolist()), tuple(zero_point.tolist()))
         ops_pair = (ops.quantize_per_channel.default, ops.dequantize_per_channel.default)
         return (*ops_pair, (s, z, int(obs.ch_axis), *common), record)
@@ -142,10 +135,12 @@ def replace_observer(gm: GraphModule, node: Node, obs: nn.Module) -> QParams | N
     Raises:
         ConfigError: the observer's dtype has no quantize op.
     """
-    before = set(gm.graph.nodes)
-    record = _replace(gm, node, obs)
-    for new in set(gm.graph.nodes) - before:
-        new.meta[OBSERVER_KEY] = str(node.target)
+    name, previous, following = str(node.target), node.prev, node.next
+    record = _replace(gm, node, obs)  # every replacement inserts its nodes where the call was
+    new = previous.next
+    while new is not following:
+        new.meta[OBSERVER_KEY] = name
+        new = new.next
     return record
 
 

@@ -27,6 +27,7 @@ from enum import StrEnum
 import torch
 from torch.fx import GraphModule, Node
 
+from qviz.engine.qdq_ops import dequantize_ops, quantize_ops
 from qviz.engine.sharing import Sharing
 from qviz.engine.specs import (
     DerivedQuantizationSpec,
@@ -312,8 +313,9 @@ def _describe_group(g: GroupRecord) -> str:
 def _quantized_earlier(node: Node) -> bool:
     """``node`` sits between the q/dq ops of an earlier convert (re-entrant quantization): it
     reads a dequantize or feeds a quantize, so it is not left in float."""
-    names = [getattr(n.target, "__name__", "") for n in (*node.all_input_nodes, *node.users)]
-    return any(name.startswith(("dequantize_per", "quantize_per")) for name in names)
+    return any(n.target in dequantize_ops() for n in node.all_input_nodes) or any(
+        n.target in quantize_ops() for n in node.users
+    )
 
 
 def _float_records(

@@ -20,12 +20,10 @@ Example:
 
 from __future__ import annotations
 
-import operator
-
 from torch.fx import GraphModule, Node
 
 from qviz.engine.duplicate_dq import has_valid_annotation
-from qviz.engine.qdq_ops import choose_qparams_ops, dequantize_ops, is_qdq, quantize_ops
+from qviz.engine.qdq_ops import chosen_by, dequantize_ops, is_qdq, quantize_ops
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
 __all__ = ["METADATA_TO_PORT", "port_metadata"]
@@ -63,16 +61,6 @@ def _input_dq(producer: Node, consumer: Node) -> Node | None:
     return None
 
 
-def _chosen_by(q: Node) -> Node | None:
-    """The ``choose_qparams`` node whose result ``q`` quantizes with (dynamic quantization)."""
-    scale = q.args[1] if len(q.args) > 1 else None
-    if isinstance(scale, Node) and scale.target is operator.getitem:
-        chosen = scale.args[0]
-        if isinstance(chosen, Node) and chosen.target in choose_qparams_ops():
-            return chosen
-    return None
-
-
 def _weight_chain(q: Node) -> tuple[list[Node], Node | None]:
     """View ops from ``q`` back to a ``get_attr`` (and that get_attr), or ([], None)."""
     chain, node = [], q.args[0]
@@ -95,7 +83,7 @@ def _port_input(producer: Node, consumer: Node) -> None:
     q = dq.args[0]
     if not (isinstance(q, Node) and q.op == "call_function" and q.target in quantize_ops()):
         return
-    chosen = _chosen_by(q)
+    chosen = chosen_by(q)
     if chosen is not None:
         for node in (chosen, q, dq):
             _copy_meta(node, consumer)

@@ -12,12 +12,21 @@ Example:
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.fx import Node
 
 from qviz.engine.compat import quantized_decomposed
 
-__all__ = ["choose_qparams_ops", "dequantize_ops", "is_qdq", "is_sym_size", "quantize_ops"]
+__all__ = [
+    "choose_qparams_ops",
+    "chosen_by",
+    "dequantize_ops",
+    "is_qdq",
+    "is_sym_size",
+    "quantize_ops",
+]
 
 
 def _affine(name: str) -> set:
@@ -86,3 +95,14 @@ def is_sym_size(node: Node) -> bool:
         torch.ops.aten.sym_size.default,
         torch.ops.aten.sym_size.int,
     )
+
+
+def chosen_by(q: Node) -> Node | None:
+    """The ``choose_qparams`` node whose scale quantize node ``q`` uses (dynamic quantization:
+    ``choose_qparams -> getitem -> quantize``), or None."""
+    scale = q.args[1] if len(q.args) > 1 else None
+    if isinstance(scale, Node) and scale.target is operator.getitem:
+        chosen = scale.args[0]
+        if isinstance(chosen, Node) and chosen.target in choose_qparams_ops():
+            return chosen
+    return None

@@ -54,6 +54,7 @@ from torch.fx.node import map_arg
 from qviz.engine.bn_fold import fused_conv_bn_params
 from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.handles import assign_handles, float_handle, handle
+from qviz.engine.qdq_ops import dequantize_ops, quantize_ops
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (
     batch_size,
@@ -68,13 +69,8 @@ __all__ = ["compare", "float_graph_of", "output_probe", "qdq_ops"]
 
 
 def qdq_ops() -> tuple[set[Any], set[Any]]:
-    """The quantize ops and the dequantize ops of converted graphs (quantized_decomposed)."""
-    qd = quantized_decomposed()
-    quantize = {qd.quantize_per_tensor.default, qd.quantize_per_channel.default}
-    quantize |= {qd.quantize_per_tensor.tensor, qd.quantize_per_tensor.tensor2}
-    dequantize = {qd.dequantize_per_tensor.default, qd.dequantize_per_channel.default}
-    dequantize |= {qd.dequantize_per_tensor.tensor, qd.dequantize_per_tensor.tensor2}
-    return quantize, dequantize
+    """The quantize ops and the dequantize ops of converted graphs (:mod:`qviz.engine.qdq_ops`)."""
+    return set(quantize_ops()), set(dequantize_ops())
 
 
 @dataclass

@@ -27,11 +27,12 @@ from torch.fx import Node
 
 from qviz.engine.backend_config.dtypes import DTypeConfig, DTypeWithConstraints
 from qviz.engine.backend_config.observers import ObserverFacts
+from qviz.engine.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
 __all__ = ["annotation_problem", "dtype_config_problem", "spec_facts", "weight_of"]
 
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64, None)
+_FLOAT = (*FLOAT_DTYPES, None)  # None: a tensor left unquantized
 
 
 def _name(dtype: torch.dtype | None) -> str:

@@ -35,7 +35,12 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.bn_fold import FOLDED_BN
 from qviz.engine.compat import OpOverloadPacket
-from qviz.engine.quantizers.scope import module_names, operator_matches, resolve_operator
+from qviz.engine.quantizers.scope import (
+    module_names,
+    module_type_names,
+    operator_matches,
+    resolve_operator,
+)
 from qviz.errors import ConfigError
 
 __all__ = [
@@ -70,13 +75,8 @@ class Unit:
 
 
 def _innermost(node: Node) -> tuple[str, str | None]:
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return "", None
-    cls = list(stack.values())[-1][1]
-    qualname = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
-    names = module_names(node)
-    return (names[-1] if names else ""), qualname
+    names, types = module_names(node), module_type_names(node)
+    return (names[-1] if names else ""), (types[-1] if types else None)
 
 
 def _is_layer(qualname: str | None) -> bool:
@@ -192,9 +192,7 @@ def unit_chain(start: Unit, by_first: dict[Node, Unit], length: int = 3) -> tupl
     """What the graph does from ``start`` on, as pattern element names (folded BatchNorms
     included), up to ``length`` elements: what a backend would have to declare."""
     names: list[str] = []
-    unit: Unit | None = start
-    while unit is not None and len(names) < length:
+    for unit in (start, *following_units(start, by_first, length - 1)):
         names.append(unit.name)
         names.extend(bn.rpartition(".")[2] for bn in unit.folded)
-        unit = _next_unit(unit, by_first)
     return tuple(names[:length])

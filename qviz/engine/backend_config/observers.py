@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from qviz.engine import observers
+from qviz.engine.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import FixedQParamsQuantizationSpec, QuantizationSpec, QuantizationSpecBase
 from qviz.errors import ConfigError
 
 __all__ = ["ObserverFacts", "observer_spec"]
 
 _NOT_OBSERVING = ("NoopObserver", "ReuseInputObserver")
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _observer_spec(
         eps=float(obs.eps) if isinstance(getattr(obs, "eps", None), torch.Tensor) else None,
         is_dynamic=bool(getattr(obs, "is_dynamic", False)),
     )
-    if cls.__name__ in _NOT_OBSERVING or (dtype in _FLOAT and not facts.is_dynamic):
+    if cls.__name__ in _NOT_OBSERVING or (dtype in FLOAT_DTYPES and not facts.is_dynamic):
         return None, facts
     if cls.__name__ == "FixedQParamsObserver":
         scale, zero_point = obs.calculate_qparams()

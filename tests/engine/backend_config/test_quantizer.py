@@ -116,9 +116,8 @@ def _default_qconfig(api_qconfig):
     return api_qconfig(*ao_qconfig.get_default_qconfig("x86"))
 
 
-def _fx(model, qconfig, batches):
-    mapping = ao_qconfig.QConfigMapping().set_global(qconfig(ao_qconfig.QConfig))
-    backend = tutorial_backend(ao_api)
+def _fx_flow(model, mapping, backend, batches):
+    """FX mode's reference model, and every activation observer's (scale, zero_point), sorted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prepared = quantize_fx.prepare_fx(
@@ -131,7 +130,12 @@ def _fx(model, qconfig, batches):
             for name, m in prepared.named_modules()
             if name.startswith("activation_post_process")
         )
-        converted = quantize_fx.convert_to_reference_fx(prepared, backend_config=backend)
+        return quantize_fx.convert_to_reference_fx(prepared, backend_config=backend), qparams
+
+
+def _fx(model, qconfig, batches):
+    mapping = ao_qconfig.QConfigMapping().set_global(qconfig(ao_qconfig.QConfig))
+    converted, qparams = _fx_flow(model, mapping, tutorial_backend(ao_api), batches)
     quantized = {  # the reference quantized modules (a fused conv-relu's conv is "conv.0")
         name.removesuffix(".0")
         for name, module in converted.named_modules()
@@ -265,19 +269,7 @@ def test_torchvision_models_under_the_x86_backend_match_fx_mode(name):
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(2, 3, 64, 64, generator=g),) for _ in range(3)]
     mapping = ao_qconfig.get_default_qconfig_mapping("x86")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fx = quantize_fx.prepare_fx(
-            copy.deepcopy(model), mapping, batches[0], backend_config=get_x86_backend_config()
-        )
-        for b in batches:
-            fx(*b)
-        fx_qparams = sorted(
-            tuple(float(v) for v in m.calculate_qparams())
-            for n, m in fx.named_modules()
-            if n.startswith("activation_post_process")
-        )
-        fx = quantize_fx.convert_to_reference_fx(fx, backend_config=get_x86_backend_config())
+    fx, fx_qparams = _fx_flow(model, mapping, get_x86_backend_config(), batches)
     quantizer = BackendConfigQuantizer(get_x86_backend_config(), mapping)
     prepared = qviz.prepare_pt2e(qviz.export(model, batches[0]), quantizer)
     assert prepared.plan.float_nodes == ()
@@ -335,16 +327,10 @@ def test_a_qconfig_for_the_nth_call_of_a_type_matches_fx_mode():
             .set_module_name_object_type_order("", nn.Linear, 1, None)
         )
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fx = quantize_fx.prepare_fx(
-            copy.deepcopy(model),
-            mapping(ao_qconfig.QConfigMapping, ao_qconfig.QConfig),
-            batches[0],
-            backend_config=tutorial_backend(ao_api),
-        )
-        fx(*batches[0])
-        fx = quantize_fx.convert_to_reference_fx(fx, backend_config=tutorial_backend(ao_api))
+    fx, _ = _fx_flow(
+        model, mapping(ao_qconfig.QConfigMapping, ao_qconfig.QConfig), tutorial_backend(ao_api),
+        batches,
+    )  # fmt: skip
     fx_quantized = {
         n for n, m in fx.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")
     }
