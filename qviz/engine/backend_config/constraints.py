@@ -30,7 +30,7 @@ from qviz.engine.backend_config.observers import ObserverFacts
 from qviz.engine.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
-__all__ = ["annotation_problem", "dtype_config_problem", "spec_facts", "weight_of"]
+__all__ = ["annotation_problem", "dtype_config_problem", "is_weighted", "spec_facts", "weight_of"]
 
 _FLOAT = (*FLOAT_DTYPES, None)  # None: a tensor left unquantized
 
@@ -136,10 +136,18 @@ def spec_facts(spec: Any) -> ObserverFacts | None:
     )  # fmt: skip
 
 
+#: ATen operator name prefixes of the weighted layers (a weight input; chains like conv-bn-relu)
+WEIGHTED_OPS = ("conv", "linear")
+
+
+def is_weighted(node: Node) -> bool:
+    """Whether ``node`` is a conv / linear call (its second argument is a weight)."""
+    return getattr(node.target, "__name__", "").startswith(WEIGHTED_OPS)
+
+
 def weight_of(anchor: Node) -> Node | None:
     """The weight of a conv / linear (a ``get_attr`` as its second argument), else None."""
-    name = getattr(anchor.target, "__name__", "")
-    if not name.startswith(("conv", "linear")) or len(anchor.args) < 2:
+    if not is_weighted(anchor) or len(anchor.args) < 2:
         return None
     weight = anchor.args[1]
     return weight if isinstance(weight, Node) and weight.op == "get_attr" else None

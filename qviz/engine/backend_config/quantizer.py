@@ -36,6 +36,7 @@ from qviz.engine.backend_config.config import BackendConfig, BackendPatternConfi
 from qviz.engine.backend_config.constraints import (
     annotation_problem,
     dtype_config_problem,
+    is_weighted,
     weight_of,
 )
 from qviz.engine.backend_config.dtypes import ObservationType
@@ -66,8 +67,6 @@ from qviz.engine.specs import SharedQuantizationSpec
 from qviz.errors import AnnotationError
 
 __all__ = ["BackendConfigQuantizer"]
-
-_WEIGHTED = ("conv", "linear")  # a pattern starting with these names describes its chain
 
 
 def _length(config: BackendPatternConfig) -> int:
@@ -222,8 +221,9 @@ class BackendConfigQuantizer(Quantizer):
         for unit in units:
             if unit in claimed or unit in part_of:
                 continue
-            weighted = getattr(unit.nodes[0].target, "__name__", "").startswith(_WEIGHTED)
-            chain = unit_chain(unit, by_first, 3 if weighted else 1 + len(unit.folded))
+            # a weighted layer's story is its chain (conv-bn-relu); another op's is itself
+            length = 3 if is_weighted(unit.nodes[0]) else 1 + len(unit.folded)
+            chain = unit_chain(unit, by_first, length)
             does = "(" + ", ".join(chain) + ")" if len(chain) > 1 else chain[0]
             close = difflib.get_close_matches(does, declared, n=1, cutoff=0.4)
             head = f"backend '{self.backend_config.name}' has no pattern for {does}"

@@ -343,3 +343,66 @@ def test_a_qconfig_for_the_nth_call_of_a_type_matches_fx_mode():
         ("linear_1", FloatReason.USER_FALLBACK)
     ]
     assert plan.group_of("linear").spec.dtype == "quint8"  # the first Linear is quantized
+
+
+def test_a_conv_whose_batch_norm_no_pattern_names_stays_float_where_fx_splits_it():
+    """A backend that declares ``nn.Conv2d`` but nothing with ``nn.BatchNorm2d``, on conv ->
+    bn -> relu. A deliberate difference from FX: FX quantizes the conv alone and runs the
+    BatchNorm in float on its dequantized output. PT2E's prepare folds every eval BatchNorm into
+    its conv (torchao's does too), so the node a backend would run is a conv that computes
+    conv + BatchNorm, which this backend never declared: qviz leaves it float and names the
+    pattern to add. With ``(nn.Conv2d, nn.BatchNorm2d)`` declared, the folded conv is quantized
+    and the BatchNorm costs nothing at run time, which FX cannot do without a fuser method."""
+    api = qviz_api
+    dtypes = tutorial_backend(api).configs[0].dtype_configs[0]
+
+    def backend(api, *patterns):
+        b = api.BackendConfig("conv_only")
+        for p in patterns:
+            b.set_backend_pattern_config(api.BackendPatternConfig(p).add_dtype_config(dtypes))
+        return b
+
+    torch.manual_seed(0)
+    model = MyModel(True).eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.2, 0.2)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.rand(1, 3, 10, 10, generator=g),) for _ in range(2)]
+
+    ao_dtypes = ao_api.DTypeConfig(torch.quint8, torch.quint8, torch.qint8, torch.float)
+    ao_backend = ao_api.BackendConfig("conv_only")
+    for p, ref in ((nn.Linear, nnqr.Linear), (nn.Conv2d, nnqr.Conv2d)):
+        ao_backend.set_backend_pattern_config(
+            ao_api.BackendPatternConfig(p)
+            .add_dtype_config(ao_dtypes)
+            .set_root_module(p)
+            .set_reference_quantized_module(ref)
+        )
+    fx_mapping = ao_qconfig.QConfigMapping().set_global(_constrained_qconfig(ao_qconfig.QConfig))
+    fx, _ = _fx_flow(model, fx_mapping, ao_backend, batches)
+    fx_quantized = {
+        name
+        for name, module in fx.named_modules()
+        if type(module).__module__.startswith("torch.ao.nn.quantized.reference")
+    }
+    assert fx_quantized == {"linear", "conv"}  # FX: the conv alone, BatchNorm in float
+
+    mapping = api.QConfigMapping().set_global(_constrained_qconfig(api.QConfig))
+    gm = qviz.export(model, batches[0])
+    plan = qviz.prepare_pt2e(
+        gm, BackendConfigQuantizer(backend(api, nn.Linear, nn.Conv2d), mapping)
+    ).plan
+    reasons = {f.node: (f.reason, f.detail) for f in plan.float_nodes}
+    reason, detail = reasons["conv2d"]
+    assert reason is FloatReason.PATTERN_UNSUPPORTED
+    assert "backend 'conv_only' has no pattern for (Conv2d, BatchNorm2d, ReLU)" in detail
+
+    fused = backend(api, nn.Linear, (nn.Conv2d, nn.BatchNorm2d))
+    prepared = qviz.prepare_pt2e(gm, BackendConfigQuantizer(fused, mapping))
+    assert "conv2d" not in {f.node for f in prepared.plan.float_nodes}
+    qviz.calibrate(prepared, batches, progress=False)
+    converted = qviz.convert_pt2e(prepared)
+    assert not any("batch_norm" in str(n.target) for n in converted.graph.nodes)
+    for b in batches:  # the folded, quantized conv still computes the float model's function
+        assert torch.allclose(converted(*b), model(*b), atol=0.05)
