@@ -26,7 +26,12 @@ import torch
 from qviz.engine.qparams import quant_range
 from qviz.errors import QuantizationError
 
-__all__ = ["FakeTensorQuantFunction", "TensorQuantFunction", "quantize_symmetric"]
+__all__ = [
+    "FakeTensorQuantFunction",
+    "TensorQuantFunction",
+    "quantize_symmetric",
+    "torch_fake_quant",
+]
 
 _TINY_AMAX = 1.0 / (1 << 24)  # below the smallest fp16 subnormal: treated as amax = 0
 
@@ -139,3 +144,74 @@ class FakeTensorQuantFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_outputs):
         return _ste_grad(ctx, grad_outputs), None, None, None, None
+
+
+def _container(quant_min: int, quant_max: int) -> tuple[int, int]:
+    """The 8-bit storage range holding ``[quant_min, quant_max]`` (the range itself if none)."""
+    for low, high in ((-128, 127), (0, 255)):
+        if low <= quant_min and quant_max <= high:
+            return low, high
+    return quant_min, quant_max
+
+
+def torch_fake_quant(
+    inputs: torch.Tensor,
+    amax: float | torch.Tensor,
+    num_bits: int = 8,
+    unsigned: bool = False,
+    narrow_range: bool = True,
+    axis: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """Fake quantization through torch's own ``fake_quantize_per_tensor_affine`` /
+    ``fake_quantize_per_channel_affine`` (what ONNX export turns into QuantizeLinear /
+    DequantizeLinear), with the step size ``scale = amax / quant_max`` and zero_point 0.
+
+    A grid narrower than its 8-bit container (narrow range, fewer than 8 bits) is clamped to
+    ``[quant_min * scale, quant_max * scale]`` first and then fake-quantized with the
+    container's range, which gives the same values and stays expressible in ONNX. The integer
+    grid is the one :class:`FakeTensorQuantFunction` picks; the dequantized floats can differ
+    from it in the last bit, because this multiplies by the step size where NVIDIA's
+    arithmetic divides by the multiplier. An amax at or below 2^-24 zeroes its values, as the
+    toolkit's arithmetic does (outside export). Gradients follow torch's ops (straight through
+    inside the grid).
+
+    Args:
+        inputs: floating-point tensor.
+        amax: one value, or one per channel shaped to broadcast (size 1 on reduced axes).
+        num_bits, unsigned, narrow_range: the grid, as for :func:`quantize_symmetric`.
+        axis: the one axis a per-channel amax runs along (None for a per-tensor amax).
+
+    Example:
+        >>> import torch
+        >>> torch_fake_quant(torch.tensor([0.3, 5.0]), 1.0, num_bits=4)
+        tensor([0.2857, 1.0000])
+    """
+    quant_min, quant_max = quant_range(num_bits, unsigned=unsigned, narrow_range=narrow_range)
+    amax = _as_amax(amax, inputs)
+    tiny = amax <= _TINY_AMAX
+    scale = torch.where(tiny, torch.ones_like(amax), amax / quant_max)
+    low, high = _container(quant_min, quant_max)
+    x = inputs if inputs.dtype == torch.float32 else inputs.float()
+    if (low, high) != (quant_min, quant_max):
+        x = torch.clamp(x, quant_min * scale, quant_max * scale)
+    if not torch.compiler.is_exporting() and bool(tiny.any()):
+        x = x * ~tiny
+    if amax.numel() == 1:
+        zero = torch.zeros((), dtype=torch.int32, device=x.device)
+        out = torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero, low, high)
+        return out.to(inputs.dtype)
+    if axis is None or len(axis) != 1:
+        raise QuantizationError(
+            f"a per-channel amax of shape {tuple(amax.shape)} needs exactly one channel axis "
+            f"for torch's per-channel fake quantization, got axis={axis}: quantize along one "
+            f"axis, or turn use_fb_fake_quant off"
+        )
+    ch = axis[0] % x.dim()
+    flat = scale.flatten()
+    if flat.numel() != x.shape[ch]:
+        raise QuantizationError(
+            f"a per-channel amax with {flat.numel()} values does not match axis {ch} of size "
+            f"{x.shape[ch]} of inputs shaped {tuple(x.shape)}"
+        )
+    zero = torch.zeros(flat.numel(), dtype=torch.int32, device=x.device)
+    return torch.fake_quantize_per_channel_affine(x, flat, zero, ch, low, high).to(inputs.dtype)

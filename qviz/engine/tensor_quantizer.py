@@ -14,15 +14,22 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
 from qviz.engine.calib import CalibMethod, Calibrator, HistogramCalibrator, MaxCalibrator
 from qviz.engine.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor, short_amax
-from qviz.engine.fake_quant import FakeTensorQuantFunction, TensorQuantFunction
+from qviz.engine.fake_quant import (
+    FakeTensorQuantFunction,
+    TensorQuantFunction,
+    torch_fake_quant,
+)
 from qviz.errors import ConfigError, QvizError
 
-__all__ = ["TensorQuantizer"]
+__all__ = ["TensorQuantizer", "fb_fake_quant"]
 
 
 def _make_calibrator(desc: QuantDescriptor) -> Calibrator:
@@ -46,6 +53,12 @@ class TensorQuantizer(nn.Module):
         if_quant: start in quant mode.
         if_calib: start in calibration mode.
 
+    ``use_fb_fake_quant`` (a class attribute, False by default; an instance attribute
+    overrides it) routes fake quantization through torch's ``fake_quantize_per_tensor_affine``
+    / ``fake_quantize_per_channel_affine`` (:func:`qviz.engine.fake_quant.torch_fake_quant`):
+    the same integer grid, the operators ONNX export turns into QuantizeLinear /
+    DequantizeLinear. :func:`fb_fake_quant` switches it on for a block.
+
     Example:
         >>> import torch
         >>> from qviz.engine.descriptor import QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
@@ -54,6 +67,9 @@ class TensorQuantizer(nn.Module):
         >>> tq(w).shape, tq.axis
         (torch.Size([4, 2, 3, 3]), (0,))
     """
+
+    #: route fake quantization through torch's fake_quantize ops (see the class docstring)
+    use_fb_fake_quant: bool = False
 
     def __init__(
         self,
@@ -194,6 +210,10 @@ class TensorQuantizer(nn.Module):
                 return inputs
             amax = self._current_amax(inputs)
             d = self.quant_desc
+            if d.fake_quant and self.use_fb_fake_quant:
+                return torch_fake_quant(
+                    inputs, amax, d.num_bits, d.unsigned, d.narrow_range, self.axis
+                )
             if d.fake_quant:
                 return FakeTensorQuantFunction.apply(
                     inputs, amax, d.num_bits, d.unsigned, d.narrow_range
@@ -222,6 +242,7 @@ class TensorQuantizer(nn.Module):
         s = f"{'unsigned ' if d.unsigned else ''}{d.num_bits}bit"
         s += " narrow" if d.narrow_range else ""
         s += " fake" if d.fake_quant else ""
+        s += " fb" if d.fake_quant and self.use_fb_fake_quant else ""
         s += f" axis={d.axis}" if d.axis is not None else " per-tensor"
         s += f" amax={short_amax(self._amax)}"
         s += f" *{d.scale_amax}" if d.scale_amax else ""
@@ -229,3 +250,41 @@ class TensorQuantizer(nn.Module):
         s += " quant" if self._if_quant else ""
         s += " calib" if self._if_calib else ""
         return s
+
+
+@contextlib.contextmanager
+def fb_fake_quant(model: nn.Module | None = None, enabled: bool = True) -> Iterator[None]:
+    """Turn ``use_fb_fake_quant`` on (or off) for the ``with`` block, then restore it.
+
+    With a ``model``, only its TensorQuantizers change (as instance attributes, removed again
+    afterwards); without one, the class default changes for every TensorQuantizer.
+
+    Example:
+        >>> import torch
+        >>> tq = TensorQuantizer()
+        >>> with fb_fake_quant(tq):
+        ...     tq.use_fb_fake_quant
+        True
+        >>> tq.use_fb_fake_quant
+        False
+    """
+    if model is None:
+        before = TensorQuantizer.__dict__["use_fb_fake_quant"]
+        TensorQuantizer.use_fb_fake_quant = enabled
+        try:
+            yield
+        finally:
+            TensorQuantizer.use_fb_fake_quant = before
+        return
+    quantizers = [m for m in model.modules() if isinstance(m, TensorQuantizer)]
+    saved = [m.__dict__.get("use_fb_fake_quant") for m in quantizers]
+    for m in quantizers:
+        m.use_fb_fake_quant = enabled
+    try:
+        yield
+    finally:
+        for m, value in zip(quantizers, saved, strict=True):
+            if value is None:
+                del m.use_fb_fake_quant
+            else:
+                m.use_fb_fake_quant = value
