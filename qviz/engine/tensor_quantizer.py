@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -166,6 +167,24 @@ class TensorQuantizer(nn.Module):
             self.amax = self._calibrator.compute_amax(method, **kwargs)
         except QvizError as exc:
             raise type(exc)(f"{self._label()}: {exc}") from exc
+
+    def set_calib_method(self, method: CalibMethod | str) -> None:
+        """Collect for ``method`` from now on: a max-only quantizer gets a HistogramCalibrator
+        (same bits, axis and sign) for ``"percentile"`` / ``"entropy"`` / ``"mse"``, and the
+        descriptor records the method. What was collected before is dropped.
+
+        Example:
+            >>> tq = TensorQuantizer()
+            >>> tq.set_calib_method("entropy")
+            >>> type(tq.calibrator).__name__, tq.quant_desc.calib_method
+            ('HistogramCalibrator', 'entropy')
+        """
+        method = CalibMethod.parse(method)
+        self.quant_desc = dataclasses.replace(self.quant_desc, calib_method=method.value)
+        if isinstance(self._calibrator, HistogramCalibrator) or method is CalibMethod.MAX:
+            self._calibrator.reset()
+            return
+        self._calibrator = _make_calibrator(self.quant_desc)
 
     # -- modes ----------------------------------------------------------------------------------
     def enable(self) -> None:

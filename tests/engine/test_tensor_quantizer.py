@@ -174,3 +174,18 @@ def test_amax_setter_validates():
 def test_quant_desc_type_checked():
     with pytest.raises(ConfigError, match="QuantDescriptor"):
         TensorQuantizer({"num_bits": 8})
+
+
+def test_set_calib_method_gives_a_max_quantizer_the_histogram_it_needs():
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(3))
+    tq = TensorQuantizer()  # max-only
+    tq.set_calib_method("entropy")
+    tq.disable_quant()
+    tq.enable_calib()
+    tq(x)
+    tq.load_calib_amax()  # the descriptor's method is now entropy
+    reference = HistogramCalibrator(8)
+    reference.collect(x)
+    assert torch.equal(tq.amax, reference.compute_amax("entropy"))
+    with pytest.raises(ConfigError, match="unknown calibration method 'kl'"):
+        tq.set_calib_method("kl")
