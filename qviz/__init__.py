@@ -14,6 +14,7 @@ Example:
 """
 
 from qviz.engine.calibrate import calibrate
+from qviz.engine.calibrate_quantizers import calibrate_quantizers
 from qviz.engine.capture import export
 from qviz.engine.convert import convert_pt2e
 from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
@@ -36,6 +37,7 @@ __all__ = [
     "__version__",
     "annotate_pt2e",
     "calibrate",
+    "calibrate_quantizers",
     "convert_pt2e",
     "export",
     "prepare_pt2e",
