@@ -39,6 +39,8 @@ _TINY_AMAX = 1.0 / (1 << 24)  # below the smallest fp16 subnormal: treated as am
 def _as_amax(amax: float | torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     if not isinstance(amax, torch.Tensor):
         amax = torch.tensor(float(amax))
+    if torch.compiler.is_exporting():  # values are symbolic while torch.export traces: no checks
+        return amax if amax.dtype == torch.float32 else amax.float()
     amax = amax.detach().to(inputs.device, torch.float32)
     if amax.numel() == 0:
         raise QuantizationError("amax is an empty tensor: give one value, or one per channel")
@@ -172,8 +174,9 @@ def torch_fake_quant(
     grid is the one :class:`FakeTensorQuantFunction` picks; the dequantized floats can differ
     from it in the last bit, because this multiplies by the step size where NVIDIA's
     arithmetic divides by the multiplier. An amax at or below 2^-24 zeroes its values, as the
-    toolkit's arithmetic does (outside export). Gradients follow torch's ops (straight through
-    inside the grid).
+    toolkit's arithmetic does; inside ``torch.export`` (no data-dependent branches there) its
+    step is clamped to 2^-24 / quant_max instead, so such values stay within 2^-24 of 0.
+    Gradients follow torch's ops (straight through inside the grid).
 
     Args:
         inputs: floating-point tensor.
@@ -187,19 +190,23 @@ def torch_fake_quant(
         tensor([0.2857, 1.0000])
     """
     quant_min, quant_max = quant_range(num_bits, unsigned=unsigned, narrow_range=narrow_range)
+    exporting = torch.compiler.is_exporting()
     amax = _as_amax(amax, inputs)
-    tiny = amax <= _TINY_AMAX
-    scale = torch.where(tiny, torch.ones_like(amax), amax / quant_max)
+    if exporting:  # no data-dependent branch: a tiny amax keeps a tiny step instead
+        scale = torch.clamp_min(amax / quant_max, _TINY_AMAX / quant_max)
+    else:
+        tiny = amax <= _TINY_AMAX
+        scale = torch.where(tiny, torch.ones_like(amax), amax / quant_max)
     low, high = _container(quant_min, quant_max)
     x = inputs if inputs.dtype == torch.float32 else inputs.float()
     if (low, high) != (quant_min, quant_max):
         x = torch.clamp(x, quant_min * scale, quant_max * scale)
-    if not torch.compiler.is_exporting() and bool(tiny.any()):
+    if not exporting and bool(tiny.any()):
         x = x * ~tiny
     if amax.numel() == 1:
         zero = torch.zeros((), dtype=torch.int32, device=x.device)
         out = torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero, low, high)
-        return out.to(inputs.dtype)
+        return out if out.dtype == inputs.dtype else out.to(inputs.dtype)
     if axis is None or len(axis) != 1:
         raise QuantizationError(
             f"a per-channel amax of shape {tuple(amax.shape)} needs exactly one channel axis "
@@ -214,4 +221,5 @@ def torch_fake_quant(
             f"{x.shape[ch]} of inputs shaped {tuple(x.shape)}"
         )
     zero = torch.zeros(flat.numel(), dtype=torch.int32, device=x.device)
-    return torch.fake_quantize_per_channel_affine(x, flat, zero, ch, low, high).to(inputs.dtype)
+    out = torch.fake_quantize_per_channel_affine(x, flat, zero, ch, low, high)
+    return out if out.dtype == inputs.dtype else out.to(inputs.dtype)

@@ -229,7 +229,9 @@ class TensorQuantizer(nn.Module):
                 return inputs
             amax = self._current_amax(inputs)
             d = self.quant_desc
-            if d.fake_quant and self.use_fb_fake_quant:
+            # torch.export traces torch's fake_quantize ops (one node per quantizer, what ONNX
+            # and the graph view read); qviz's own arithmetic has data-dependent checks
+            if d.fake_quant and (self.use_fb_fake_quant or torch.compiler.is_exporting()):
                 return torch_fake_quant(
                     inputs, amax, d.num_bits, d.unsigned, d.narrow_range, self.axis
                 )

@@ -91,3 +91,25 @@ def test_a_per_channel_amax_over_two_axes_says_what_to_do():
     tq.use_fb_fake_quant = True
     with pytest.raises(QuantizationError, match=r"exactly one channel axis.*axis=\(0, 1\)"):
         tq(torch.randn(2, 3, 4))
+
+
+def test_an_exported_quant_nn_model_holds_one_fake_quantize_op_per_quantizer():
+    import qviz
+    from qviz.engine import quant_nn
+    from qviz.engine.calibrate_quantizers import calibrate_quantizers
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        quant_nn.QuantConv2d(1, 2, 3), quant_nn.QuantMaxPool2d(2), torch.nn.Flatten(),
+        quant_nn.QuantLinear(18, 3, quant_desc_input=QuantDescriptor(num_bits=4)),
+    ).eval()  # fmt: skip
+    calibrate_quantizers(model, [torch.randn(8, 1, 8, 8)], progress=False)
+    gm = qviz.export(model, (torch.randn(2, 1, 8, 8),), dynamic_batch=True)
+    ops = [n for n in gm.graph.nodes if "fake_quantize" in str(n.target)]
+    owners = [next(reversed(n.meta["nn_module_stack"].values()))[0] for n in ops]
+    quantizers = [n for n, m in model.named_modules() if isinstance(m, TensorQuantizer)]
+    assert sorted(owners) == sorted(quantizers)  # one op each, named by its module path
+    x = torch.randn(5, 1, 8, 8)
+    with fb_fake_quant(model):
+        assert torch.equal(gm(x), model(x))  # the exported graph is the fb path exactly
+    assert torch.allclose(gm(x), model(x), rtol=1e-5, atol=1e-6)
