@@ -148,6 +148,14 @@ class FakeTensorQuantFunction(torch.autograd.Function):
         return _ste_grad(ctx, grad_outputs), None, None, None, None
 
 
+def _spelled_out(
+    x: torch.Tensor, scale: torch.Tensor, low: int, high: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """torch's fake_quantize kernels (zero_point 0) as plain operators, bit for bit."""
+    out = torch.clamp(torch.round(x * torch.reciprocal(scale)), low, high) * scale
+    return out if out.dtype == dtype else out.to(dtype)
+
+
 def _container(quant_min: int, quant_max: int) -> tuple[int, int]:
     """The 8-bit storage range holding ``[quant_min, quant_max]`` (the range itself if none)."""
     for low, high in ((-128, 127), (0, 255)):
@@ -163,6 +171,8 @@ def torch_fake_quant(
     unsigned: bool = False,
     narrow_range: bool = True,
     axis: tuple[int, ...] | None = None,
+    *,
+    torch_ops: bool = True,
 ) -> torch.Tensor:
     """Fake quantization through torch's own ``fake_quantize_per_tensor_affine`` /
     ``fake_quantize_per_channel_affine`` (what ONNX export turns into QuantizeLinear /
@@ -183,6 +193,9 @@ def torch_fake_quant(
         amax: one value, or one per channel shaped to broadcast (size 1 on reduced axes).
         num_bits, unsigned, narrow_range: the grid, as for :func:`quantize_symmetric`.
         axis: the one axis a per-channel amax runs along (None for a per-tensor amax).
+        torch_ops: call torch's fake_quantize operators (True), or spell out their arithmetic
+            ``clamp(round(x * (1 / scale))) * scale`` with the same bits, which torch.export
+            can trace with symbolic (dynamic) shapes where those operators have no kernel.
 
     Example:
         >>> import torch
@@ -204,6 +217,8 @@ def torch_fake_quant(
     if not exporting and bool(tiny.any()):
         x = x * ~tiny
     if amax.numel() == 1:
+        if not torch_ops:
+            return _spelled_out(x, scale.reshape(()), low, high, inputs.dtype)
         zero = torch.zeros((), dtype=torch.int32, device=x.device)
         out = torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero, low, high)
         return out if out.dtype == inputs.dtype else out.to(inputs.dtype)
@@ -220,6 +235,9 @@ def torch_fake_quant(
             f"a per-channel amax with {flat.numel()} values does not match axis {ch} of size "
             f"{x.shape[ch]} of inputs shaped {tuple(x.shape)}"
         )
+    if not torch_ops:
+        shape = [flat.numel() if d == ch else 1 for d in range(x.dim())]
+        return _spelled_out(x, flat.reshape(shape), low, high, inputs.dtype)
     zero = torch.zeros(flat.numel(), dtype=torch.int32, device=x.device)
     out = torch.fake_quantize_per_channel_affine(x, flat, zero, ch, low, high)
     return out if out.dtype == inputs.dtype else out.to(inputs.dtype)

@@ -229,12 +229,14 @@ class TensorQuantizer(nn.Module):
                 return inputs
             amax = self._current_amax(inputs)
             d = self.quant_desc
-            # torch.export traces torch's fake_quantize ops (one node per quantizer, what ONNX
-            # and the graph view read); qviz's own arithmetic has data-dependent checks
+            # qviz's own arithmetic has data-dependent checks that torch.export cannot trace:
+            # an export takes torch's fake_quantize arithmetic, spelled out unless the fb ops
+            # are asked for (ONNX), as those have no kernel for symbolic shapes
             if d.fake_quant and (self.use_fb_fake_quant or torch.compiler.is_exporting()):
                 return torch_fake_quant(
-                    inputs, amax, d.num_bits, d.unsigned, d.narrow_range, self.axis
-                )
+                    inputs, amax, d.num_bits, d.unsigned, d.narrow_range, self.axis,
+                    torch_ops=self.use_fb_fake_quant,
+                )  # fmt: skip
             if d.fake_quant:
                 return FakeTensorQuantFunction.apply(
                     inputs, amax, d.num_bits, d.unsigned, d.narrow_range

@@ -93,7 +93,7 @@ def test_a_per_channel_amax_over_two_axes_says_what_to_do():
         tq(torch.randn(2, 3, 4))
 
 
-def test_an_exported_quant_nn_model_holds_one_fake_quantize_op_per_quantizer():
+def test_an_exported_quant_nn_model_is_the_fb_path_with_any_batch_size():
     import qviz
     from qviz.engine import quant_nn
     from qviz.engine.calibrate_quantizers import calibrate_quantizers
@@ -105,11 +105,27 @@ def test_an_exported_quant_nn_model_holds_one_fake_quantize_op_per_quantizer():
     ).eval()  # fmt: skip
     calibrate_quantizers(model, [torch.randn(8, 1, 8, 8)], progress=False)
     gm = qviz.export(model, (torch.randn(2, 1, 8, 8),), dynamic_batch=True)
-    ops = [n for n in gm.graph.nodes if "fake_quantize" in str(n.target)]
-    owners = [next(reversed(n.meta["nn_module_stack"].values()))[0] for n in ops]
+    rounds = [n for n in gm.graph.nodes if n.target is torch.ops.aten.round.default]
+    owners = [next(reversed(n.meta["nn_module_stack"].values()))[0] for n in rounds]
     quantizers = [n for n, m in model.named_modules() if isinstance(m, TensorQuantizer)]
-    assert sorted(owners) == sorted(quantizers)  # one op each, named by its module path
+    assert sorted(owners) == sorted(quantizers)  # one rounding each, named by its module path
     x = torch.randn(5, 1, 8, 8)
     with fb_fake_quant(model):
         assert torch.equal(gm(x), model(x))  # the exported graph is the fb path exactly
     assert torch.allclose(gm(x), model(x), rtol=1e-5, atol=1e-6)
+    with fb_fake_quant(model):  # torch's operators themselves, with the shapes fixed
+        fixed = qviz.export(model, (x,))
+    ops = [n for n in fixed.graph.nodes if "fake_quantize" in str(n.target)]
+    assert len(ops) == len(quantizers) and torch.equal(fixed(x), gm(x))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_spelled_out_arithmetic_is_torchs_kernel_bit_for_bit(per_channel):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(16, 9, 5, 5, generator=g) * 4
+    amax = x.abs().amax(dim=(0, 2, 3), keepdim=True) * 0.7 if per_channel else torch.tensor(2.5)
+    axis = (1,) if per_channel else None
+    for bits, narrow in ((8, False), (8, True), (4, False)):
+        fused = torch_fake_quant(x, amax, bits, False, narrow, axis)
+        spelled = torch_fake_quant(x, amax, bits, False, narrow, axis, torch_ops=False)
+        assert torch.equal(fused, spelled)
