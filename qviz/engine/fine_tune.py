@@ -39,13 +39,14 @@ __all__ = ["EpochRecord", "FineTuneHistory", "fine_tune"]
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """One epoch of fine-tuning: its learning rate, mean training loss and (optionally) the
-    accuracy on the evaluation data after it."""
+    """One epoch of fine-tuning: its learning rate, mean training loss and (with evaluation
+    data) the top-1 accuracy and mean loss on that data after it."""
 
     epoch: int
     lr: float
     loss: float
     accuracy: float | None = None
+    eval_loss: float | None = None
 
 
 class FineTuneHistory(tuple):
@@ -53,21 +54,27 @@ class FineTuneHistory(tuple):
     epoch."""
 
     def __repr__(self) -> str:
-        lines = [f"{'epoch':>5} {'lr':>10} {'loss':>10} {'accuracy':>9}"]
+        lines = [f"{'epoch':>5} {'lr':>10} {'loss':>10} {'accuracy':>9} {'eval loss':>10}"]
         for r in self:
             acc = f"{r.accuracy:.4f}" if r.accuracy is not None else "-"
-            lines.append(f"{r.epoch:>5} {r.lr:>10.3g} {r.loss:>10.5f} {acc:>9}")
+            ev = f"{r.eval_loss:.5f}" if r.eval_loss is not None else "-"
+            lines.append(f"{r.epoch:>5} {r.lr:>10.3g} {r.loss:>10.5f} {acc:>9} {ev:>10}")
         return "\n".join(lines)
 
 
-def _accuracy(model: nn.Module, data: Iterable) -> float:
-    correct = total = 0
+def _evaluate(model: nn.Module, data: Iterable, loss_fn) -> tuple[float, float]:
+    """Top-1 accuracy and the mean per-batch loss over ``data``, in eval mode."""
+    correct = total = batches = 0
+    loss = 0.0
     model.eval()
     with torch.no_grad():
         for inputs, labels in data:
-            correct += int((model(inputs).argmax(1) == labels).sum())
+            outputs = model(inputs)
+            correct += int((outputs.argmax(1) == labels).sum())
             total += labels.numel()
-    return correct / max(total, 1)
+            loss += float(loss_fn(outputs, labels))
+            batches += 1
+    return correct / max(total, 1), loss / max(batches, 1)
 
 
 def _check_calibrated(model: nn.Module, freeze_amax: bool) -> list[TensorQuantizer]:
@@ -132,7 +139,8 @@ def fine_tune(
         weight_decay: passed to the optimizer.
         freeze_amax: keep every calibrated amax (True); False lets the weight quantizers
             follow the weights (max of the current weights at every step), activations stay.
-        eval_data: ``(inputs, labels)`` batches to measure top-1 accuracy after each epoch.
+        eval_data: ``(inputs, labels)`` batches to measure top-1 accuracy and the mean loss
+            after each epoch.
         progress: show a progress bar over epochs.
 
     Returns:
@@ -163,8 +171,8 @@ def fine_tune(
             rate = opt.param_groups[0]["lr"]
             loss = _epoch(model, train_data, opt, loss_fn, epoch)
             sched.step()
-            accuracy = _accuracy(model, eval_data) if eval_data is not None else None
-            records.append(EpochRecord(epoch, rate, loss, accuracy))
+            scores = _evaluate(model, eval_data, loss_fn) if eval_data is not None else (None,) * 2
+            records.append(EpochRecord(epoch, rate, loss, *scores))
     finally:
         model.train(was_training)
     return FineTuneHistory(records)
