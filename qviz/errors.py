@@ -22,6 +22,7 @@ __all__ = [
     "ConfigError",
     "ExportedModeError",
     "MissingDependencyError",
+    "OnnxExportError",
     "QuantizationError",
     "QvizError",
     "closest_names",
@@ -50,6 +51,11 @@ class CalibrationError(QvizError, RuntimeError):
 
 class ExportedModeError(QvizError, NotImplementedError):
     """``train()`` / ``eval()`` on an exported graph, where they would switch nothing."""
+
+
+class OnnxExportError(QvizError, ValueError):
+    """A quantized model cannot be written as ONNX as asked (a range no integer type of the
+    opset holds, an operator ONNX has no QuantizeLinear form for, ...)."""
 
 
 class MissingDependencyError(QvizError, ImportError):
