@@ -18,7 +18,20 @@ from torch.fx import GraphModule
 from qviz.engine.handles import assign_handles
 from qviz.errors import ConfigError, QvizError
 
-__all__ = ["export"]
+__all__ = ["dynamic_batch_shapes", "export"]
+
+
+def dynamic_batch_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``dynamic_shapes`` making dimension 0 of every tensor input one shared dynamic "batch".
+
+    Example:
+        >>> dynamic_batch_shapes((torch.randn(2, 3), 1.0))
+        ({0: Dim('batch', min=1, max=1048576)}, None)
+    """
+    batch = torch.export.Dim("batch", min=1, max=2**20)
+    return tuple(
+        {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in example_inputs
+    )
 
 
 def export(
@@ -59,11 +72,7 @@ def export(
     if dynamic_batch:
         if dynamic_shapes is not None:
             raise ConfigError("give dynamic_batch=True or dynamic_shapes, not both")
-        batch = torch.export.Dim("batch", min=1, max=2**20)
-        dynamic_shapes = tuple(
-            {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None
-            for x in example_inputs
-        )
+        dynamic_shapes = dynamic_batch_shapes(example_inputs)
     try:
         program = torch.export.export(
             model,
