@@ -17,6 +17,7 @@ from qviz.engine.calibrate import calibrate
 from qviz.engine.calibrate_quantizers import calibrate_quantizers
 from qviz.engine.capture import export
 from qviz.engine.convert import convert_pt2e
+from qviz.engine.onnx_export import export_onnx
 from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
 from qviz.errors import (
     AnnotationError,
@@ -40,5 +41,6 @@ __all__ = [
     "calibrate_quantizers",
     "convert_pt2e",
     "export",
+    "export_onnx",
     "prepare_pt2e",
 ]

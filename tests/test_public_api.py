@@ -11,6 +11,7 @@ import pytest
 import qviz
 
 OPTIONAL = ("matplotlib", "pandas", "graphviz", "ipywidgets", "IPython", "sklearn")
+ONNX = ("onnx", "onnxscript", "onnx_ir", "onnxruntime")  # imported inside export_onnx only
 
 
 def _modules():
@@ -19,7 +20,7 @@ def _modules():
 
 @pytest.mark.parametrize("module", ["qviz", "qviz.engine", "qviz.engine.tensor_quant"])
 def test_engine_imports_nothing_optional(module):
-    code = f"import sys, {module}; print([m for m in {OPTIONAL!r} if m in sys.modules])"
+    code = f"import sys, {module}; print([m for m in {OPTIONAL + ONNX!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -45,6 +46,7 @@ def test_names_users_know_from_pytorch_quantization():
     )
 
     assert issubclass(qviz.ConfigError, ValueError)
+    assert callable(qviz.export_onnx) and "export_onnx" in qviz.__all__
 
 
 LAYERS = ["qviz.engine", "qviz.numeric", "qviz.viz", "qviz.widgets"]
