@@ -29,6 +29,7 @@ from torch import nn
 from qviz.engine.calib import CalibMethod
 from qviz.engine.calibrate import _batches
 from qviz.engine.inputs import guard_errors
+from qviz.engine.quantizer_records import quantizer_role
 from qviz.engine.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError, QvizError
 
@@ -60,14 +61,6 @@ class AmaxTable(tuple):
             amax = f"{r.amax:.5g}" if r.channels == 1 else f"{r.amax_min:.3g}..{r.amax:.3g}"
             lines.append(f"{r.name:40} {r.role:6} {r.method:10} {r.num_bits:>4} {amax:>10}")
         return "\n".join(lines)
-
-
-def _role(name: str) -> str:
-    return (
-        "weight"
-        if "weight_quantizer" in name.rpartition(".")[2] or "_weight_quantizers." in (name)
-        else "input"
-    )
 
 
 def _quantizers(model: nn.Module) -> list[tuple[str, TensorQuantizer]]:
@@ -125,8 +118,8 @@ def _run(model: nn.Module, batch: Any, index: int, arity: int | None) -> None:
 def _record(name: str, tq: TensorQuantizer, method: CalibMethod) -> QuantizerAmax:
     amax = tq.amax
     return QuantizerAmax(
-        name=name, role=_role(name), method=method.value, num_bits=tq.num_bits, axis=tq.axis,
-        amax=float(amax.max()), amax_min=float(amax.min()), channels=amax.numel(),
+        name=name, role=quantizer_role(name), method=method.value, num_bits=tq.num_bits,
+        axis=tq.axis, amax=float(amax.max()), amax_min=float(amax.min()), channels=amax.numel(),
         calibrator=type(tq.calibrator).__name__,
     )  # fmt: skip
 
@@ -152,7 +145,7 @@ def _calibrating(model: nn.Module, quantizers: list[tuple[str, TensorQuantizer]]
     was_training = model.training
     model.eval()
     for name, tq in quantizers:
-        if _role(name) == "input":  # the document's recipe: activations seen unquantized,
+        if quantizer_role(name) == "input":  # the document's recipe: activations seen unquantized,
             tq.disable_quant()  # weights quantized as they will be (their max is the same)
         tq.enable_calib()
     try:
@@ -204,7 +197,10 @@ def calibrate_quantizers(
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
         raise ConfigError(f"max_batches must be a positive int or None, got {max_batches!r}")
     quantizers = _quantizers(model)
-    chosen = {name: weight_method if _role(name) == "weight" else method for name, _ in quantizers}
+    chosen = {
+        name: weight_method if quantizer_role(name) == "weight" else method
+        for name, _ in quantizers
+    }
     for name, tq in quantizers:
         tq.set_calib_method(chosen[name])
     batches = _batches(data)

@@ -8,11 +8,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
+from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 
-__all__ = ["OpOverload", "OpOverloadPacket", "quantized_decomposed"]
+__all__ = ["OpOverload", "OpOverloadPacket", "quantized_decomposed", "traced_meta"]
 
 #: Types of ATen operators (``torch.ops.aten.add.Tensor`` and ``torch.ops.aten.add``).
 OpOverload = torch._ops.OpOverload
@@ -24,3 +28,32 @@ def quantized_decomposed():
     that as a side effect; done here, on first use, rather than when qviz is imported)."""
     importlib.import_module("torch.ao.quantization.fx._decomposed")
     return torch.ops.quantized_decomposed
+
+
+@contextlib.contextmanager
+def traced_meta(key: str, value: Any) -> Iterator[None]:
+    """Nodes that ``torch.export`` traces inside the block carry ``node.meta["custom"][key]``.
+
+    ``value`` must be plain data (numbers, strings, lists, dicts): ``torch.export.save`` writes
+    it. Strict export (TorchDynamo) keeps ``torch.fx.traceback.annotate`` on its own; the
+    non-strict tracer copies the custom meta only while node meta is preserved, and then would
+    also copy torch's own annotations of the enclosing trace, which are dropped here, so that
+    only ``key`` is added.
+
+    Example:
+        >>> class Tagged(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         with traced_meta("tag", {"bits": 8}):
+        ...             return x * 2
+        >>> ep = torch.export.export(Tagged(), (torch.ones(2),))
+        >>> [n.meta.get("custom") for n in ep.graph.nodes if n.op == "call_function"]
+        [{'tag': {'bits': 8}}]
+    """
+    if torch.compiler.is_dynamo_compiling():
+        with fx_traceback.annotate({key: value}):
+            yield
+        return
+    with fx_traceback.preserve_node_meta():
+        fx_traceback.current_meta.pop("custom", None)  # restored when preserve_node_meta exits
+        with fx_traceback.annotate({key: value}):
+            yield

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from qviz.engine.calib import CalibMethod, Calibrator, HistogramCalibrator, MaxCalibrator
+from qviz.engine.compat import traced_meta
 from qviz.engine.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor, short_amax
 from qviz.engine.fake_quant import (
     FakeTensorQuantFunction,
@@ -30,7 +31,11 @@ from qviz.engine.fake_quant import (
 )
 from qviz.errors import ConfigError, QvizError
 
-__all__ = ["TensorQuantizer", "fb_fake_quant"]
+__all__ = ["EXPORT_META_KEY", "TensorQuantizer", "fb_fake_quant"]
+
+#: Under ``torch.export`` every node a quantizing TensorQuantizer becomes carries
+#: ``node.meta["custom"][EXPORT_META_KEY]``: its :meth:`TensorQuantizer.facts`.
+EXPORT_META_KEY = "qviz_tensor_quantizer"
 
 
 def _make_calibrator(desc: QuantDescriptor) -> Calibrator:
@@ -59,6 +64,10 @@ class TensorQuantizer(nn.Module):
     / ``fake_quantize_per_channel_affine`` (:func:`qviz.engine.fake_quant.torch_fake_quant`):
     the same integer grid, the operators ONNX export turns into QuantizeLinear /
     DequantizeLinear. :func:`fb_fake_quant` switches it on for a block.
+
+    Under ``torch.export`` the nodes a quantizing forward becomes carry its :meth:`facts` in
+    ``node.meta["custom"][EXPORT_META_KEY]`` (with the module path in ``nn_module_stack``), so
+    :mod:`qviz.engine.quantizer_records` can say what each exported quantizer is.
 
     Example:
         >>> import torch
@@ -90,6 +99,7 @@ class TensorQuantizer(nn.Module):
         self._if_quant = bool(if_quant)
         self._if_calib = bool(if_calib)
         self._scale: torch.Tensor | None = None
+        self._amax_method: str | None = None
         self._calibrator = _make_calibrator(quant_desc)
         amax = None if quant_desc.amax is None else quant_desc.amax.clone()
         self.register_buffer("_amax", amax)
@@ -130,8 +140,16 @@ class TensorQuantizer(nn.Module):
         """The loaded amax (None: computed from each input on the fly)."""
         return self._amax
 
+    @property
+    def amax_method(self) -> str | None:
+        """The method :meth:`load_calib_amax` computed the loaded amax with (``"entropy"``,
+        ``"percentile 99.9"``); None when amax was set by hand, loaded from a state_dict, or
+        never loaded."""
+        return getattr(self, "_amax_method", None)  # absent in modules pickled before it existed
+
     @amax.setter
     def amax(self, value: float | torch.Tensor | None) -> None:
+        self._amax_method = None
         if value is None:
             self._amax = None
             return
@@ -167,6 +185,10 @@ class TensorQuantizer(nn.Module):
             self.amax = self._calibrator.compute_amax(method, **kwargs)
         except QvizError as exc:
             raise type(exc)(f"{self._label()}: {exc}") from exc
+        chosen = CalibMethod.parse(method).value
+        if chosen == CalibMethod.PERCENTILE.value and "percentile" in kwargs:
+            chosen = f"{chosen} {float(kwargs['percentile']):g}"
+        self._amax_method = chosen
 
     def set_calib_method(self, method: CalibMethod | str) -> None:
         """Collect for ``method`` from now on: a max-only quantizer gets a HistogramCalibrator
@@ -205,6 +227,29 @@ class TensorQuantizer(nn.Module):
     def disable_calib(self) -> None:
         self._if_calib = False
 
+    def facts(self) -> dict[str, object]:
+        """What this quantizer is, as plain data (what an export records on its nodes).
+
+        Keys: ``num_bits``, ``unsigned``, ``narrow_range``, ``axis`` (a list or None),
+        ``fake_quant``, ``calib_method`` (the descriptor's), ``amax_method`` (see
+        :attr:`amax_method`), ``calibrator`` (its class name), ``dynamic`` (no amax loaded),
+        ``scale_amax``, ``disabled``, ``quant``, ``calib`` (the modes).
+
+        Example:
+            >>> f = TensorQuantizer().facts()
+            >>> f["num_bits"], f["dynamic"], f["calibrator"]
+            (8, True, 'MaxCalibrator')
+        """
+        d = self.quant_desc
+        return {
+            "num_bits": d.num_bits, "unsigned": d.unsigned, "narrow_range": d.narrow_range,
+            "axis": None if d.axis is None else list(d.axis), "fake_quant": d.fake_quant,
+            "calib_method": d.calib_method, "amax_method": self.amax_method,
+            "calibrator": type(self._calibrator).__name__, "dynamic": self._amax is None,
+            "scale_amax": d.scale_amax, "disabled": self._disabled, "quant": self._if_quant,
+            "calib": self._if_calib,
+        }  # fmt: skip
+
     # -- forward --------------------------------------------------------------------------------
     def _current_amax(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._amax is not None:
@@ -227,26 +272,32 @@ class TensorQuantizer(nn.Module):
                 self._calibrator.collect(inputs)
             if not self._if_quant:
                 return inputs
-            amax = self._current_amax(inputs)
-            d = self.quant_desc
-            # qviz's own arithmetic has data-dependent checks that torch.export cannot trace:
-            # an export takes torch's fake_quantize arithmetic, spelled out unless the fb ops
-            # are asked for (ONNX), as those have no kernel for symbolic shapes
-            if d.fake_quant and (self.use_fb_fake_quant or torch.compiler.is_exporting()):
-                return torch_fake_quant(
-                    inputs, amax, d.num_bits, d.unsigned, d.narrow_range, self.axis,
-                    torch_ops=self.use_fb_fake_quant,
-                )  # fmt: skip
-            if d.fake_quant:
-                return FakeTensorQuantFunction.apply(
-                    inputs, amax, d.num_bits, d.unsigned, d.narrow_range
-                )
-            outputs, self._scale = TensorQuantFunction.apply(
-                inputs, amax, d.num_bits, d.unsigned, d.narrow_range, None
-            )
-            return outputs
+            if torch.compiler.is_exporting():  # the exported nodes say what they quantize
+                with traced_meta(EXPORT_META_KEY, self.facts()):
+                    return self._quantize(inputs)
+            return self._quantize(inputs)
         except QvizError as exc:
             raise type(exc)(f"{self._label()}: {exc}") from exc
+
+    def _quantize(self, inputs: torch.Tensor) -> torch.Tensor:
+        amax = self._current_amax(inputs)
+        d = self.quant_desc
+        # qviz's own arithmetic has data-dependent checks that torch.export cannot trace:
+        # an export takes torch's fake_quantize arithmetic, spelled out unless the fb ops
+        # are asked for (ONNX), as those have no kernel for symbolic shapes
+        if d.fake_quant and (self.use_fb_fake_quant or torch.compiler.is_exporting()):
+            return torch_fake_quant(
+                inputs, amax, d.num_bits, d.unsigned, d.narrow_range, self.axis,
+                torch_ops=self.use_fb_fake_quant,
+            )  # fmt: skip
+        if d.fake_quant:
+            return FakeTensorQuantFunction.apply(
+                inputs, amax, d.num_bits, d.unsigned, d.narrow_range
+            )
+        outputs, self._scale = TensorQuantFunction.apply(
+            inputs, amax, d.num_bits, d.unsigned, d.narrow_range, None
+        )
+        return outputs
 
     # -- plumbing -------------------------------------------------------------------------------
     def _label(self) -> str:
@@ -256,6 +307,8 @@ class TensorQuantizer(nn.Module):
         key = prefix + "_amax"
         if key in state_dict and self._amax is None:  # a calibrated checkpoint into a fresh module
             self._amax = torch.empty_like(state_dict[key])
+        if key in state_dict:  # the checkpoint does not say which method picked it
+            self._amax_method = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
