@@ -234,6 +234,14 @@ def _legend_rows(stage: str, kinds: set[str], muted: bool) -> list[tuple[str, st
         rows += [(_MUTED, "gN: observer of sharing group N (colours muted under the metric)")]
     elif stage == "observed":
         rows += [(PALETTE[0], "gN: observer of sharing group N (same colour = one observer)")]
+    if stage == "quant_nn":
+        muted_note = " (colours muted under the metric)" if muted else ""
+        rows += [
+            (_MUTED if muted else PALETTE[0], f"input TensorQuantizer{muted_note}"),
+            (_MUTED if muted else PALETTE[1], "weight TensorQuantizer (per channel: ranges)"),
+            ("", "grid (/chN: one amax per index of axis N), amax, scale, calibration method"),
+            ("", "scale = amax / quant_max; dynamic: amax computed from each input"),
+        ]
     if stage == "converted":
         rows += [
             (_STYLE["quantize"][0], "quantize (scale, zero_point)"),

@@ -56,7 +56,7 @@ class QGraph:
 
     @property
     def stage(self) -> str:
-        """``"float"``, ``"annotated"``, ``"observed"`` or ``"converted"``."""
+        """``"float"``, ``"annotated"``, ``"observed"``, ``"converted"`` or ``"quant_nn"``."""
         return self.view.stage
 
     @property
@@ -199,7 +199,8 @@ def graph(
     metric_range: tuple[float, float] | None = None,
     higher_is_better: bool = True,
 ) -> QGraph:
-    """Draw ``model`` at its stage: captured float, annotated, observed (prepared) or converted.
+    """Draw ``model`` at its stage: captured float, annotated, observed (prepared), converted,
+    or exported from a model of quant_nn layers.
 
     The annotated graph (a quantizer's ``annotate`` ran, not prepared yet) labels each edge
     with its input spec (``int8 [-127,127] sym/ch0``, ``fixed s=0.0039 zp=-128``,
@@ -210,9 +211,15 @@ def graph(
     the reason as tooltip. The converted graph labels quantize/dequantize with the plan's scale
     and zero_point and marks integer weights.
 
+    A graph exported from a quant_nn model (``qviz.export(quantize_model(m), inputs)``) draws
+    each TensorQuantizer as one marker on the edge it quantizes, its arithmetic hidden:
+    ``int8 amax=4.52 scale=0.0356 entropy`` (scale = amax / quant_max), the range for a
+    per-channel weight quantizer, ``dynamic`` without amax; disabled quantizers are not drawn
+    (:mod:`qviz.viz.quantizer_view`).
+
     Args:
         model: a graph module from :func:`qviz.export`, :func:`qviz.prepare_pt2e` or
-            :func:`qviz.convert_pt2e`.
+            :func:`qviz.convert_pt2e`, or exported from a quant_nn model.
         collapse: a module depth (``2``) or module paths (``["layer1"]``) to draw as one box
             each, labelled with the path and op count.
         highlight: node names or module paths drawn with a thick red outline.

@@ -1,11 +1,12 @@
 """A model at one stage of the flow, read into drawable records: ops, observer markers, edges.
 
-Four stages are recognised from the model itself: ``"float"`` (a captured graph),
+Five stages are recognised from the model itself: ``"float"`` (a captured graph),
 ``"annotated"`` (a quantizer's annotations in ``node.meta``, not prepared yet), ``"observed"``
-(``prepare_pt2e``'s result: observers and ``.plan``) and ``"converted"`` (``convert_pt2e``'s
-result: quantize/dequantize ops). Observers are not read from the graph's
-observer calls but from the plan's records: each observed edge or node output becomes a small
-marker on the edges it observes, labelled with its sharing group.
+(``prepare_pt2e``'s result: observers and ``.plan``), ``"converted"`` (``convert_pt2e``'s
+result: quantize/dequantize ops) and ``"quant_nn"`` (exported from a model of quant_nn layers:
+each TensorQuantizer is one marker, see :mod:`qviz.viz.quantizer_view`). Observers are not
+read from the graph's observer calls but from the plan's records: each observed edge or node
+output becomes a small marker on the edges it observes, labelled with its sharing group.
 
 Example:
     >>> import torch, qviz
@@ -35,6 +36,7 @@ from qviz.engine.plan import (
     TensorRef,
 )
 from qviz.engine.qdq_ops import is_qdq
+from qviz.engine.quantizer_records import is_quantizer_node
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
 
 __all__ = [
@@ -107,10 +109,13 @@ class GraphView:
 
 
 def stage_of(model: GraphModule) -> str:
-    """``"observed"``, ``"converted"``, ``"annotated"`` or ``"float"``, read from the model.
+    """``"observed"``, ``"converted"``, ``"annotated"``, ``"quant_nn"`` or ``"float"``, read
+    from the model.
 
     ``"annotated"``: some node carries ``meta["quantization_annotation"]`` and the model has
     neither observers nor quantize/dequantize ops nor a ``.plan`` (annotated, not prepared).
+    ``"quant_nn"``: no plan, and some nodes are a TensorQuantizer's arithmetic (exported from a
+    model of quant_nn layers).
     """
     plan = getattr(model, "plan", None)
     observers = {g.observer for g in plan.groups} if isinstance(plan, QuantPlan) else set()
@@ -121,6 +126,8 @@ def stage_of(model: GraphModule) -> str:
             return "converted"
     if plan is None and any(Q_ANNOTATION_KEY in n.meta for n in model.graph.nodes):
         return "annotated"
+    if plan is None and any(is_quantizer_node(n) for n in model.graph.nodes):
+        return "quant_nn"
     return "float"
 
 
@@ -505,6 +512,10 @@ def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
         view = annotated_view(model, show_params)
     elif stage == "converted":
         view = _converted(model, plan, show_params)
+    elif stage == "quant_nn":
+        from qviz.viz.quantizer_view import quantizer_view  # it builds on this module
+
+        view = quantizer_view(model, show_params=show_params)
     else:
         view = _float(model, show_params)
     return GraphView(view.stage, view.nodes, view.edges, _types(model))
