@@ -120,8 +120,8 @@ def _import(name: str) -> Any:
     except ImportError as exc:
         package = name.split(".")[0].replace("_", "-")
         raise MissingDependencyError(
-            f"export_onnx needs {package}: pip install onnx onnxscript (onnxruntime to run the "
-            f"result)"
+            f"export_onnx needs {package}: pip install 'qviz[onnx]' (onnx, onnxscript, and "
+            f"onnxruntime to run the result)"
         ) from exc
 
 
