@@ -7,6 +7,14 @@ clipped share and the SQNR table follow. "Use this range" makes the observer use
 (:func:`qviz.engine.choices.choose_range`: recorded in the plan as the user's choice, used by
 ``convert_pt2e``); "Apply to all" does it for every HistogramObserver.
 
+A calibrated quant_nn model (its TensorQuantizers) is explored the same way: each enabled,
+calibrated quantizer is listed by module path; a HistogramCalibrator shows its histogram, every
+calibrator method and the amax it holds, a MaxCalibrator (the default for weights) its max.
+"Use this range" loads the method's amax into the quantizer
+(:meth:`~qviz.engine.tensor_quantizer.TensorQuantizer.load_calib_amax`), and :attr:`choices`
+reads back which method picked each amax. Give ``example_inputs`` to draw its graph
+(:mod:`qviz.engine.quantizer_records` markers, clickable).
+
 The state is plain data (:class:`ExplorerState`); every control has a Python equivalent
 (:meth:`CalibrationExplorer.select`, :meth:`~CalibrationExplorer.set`,
 :meth:`~CalibrationExplorer.use_range`, :meth:`~CalibrationExplorer.apply_to_all`). An edit the
@@ -25,6 +33,17 @@ Example:
     ('entropy', ['max', 'percentile'])
     >>> ex.use_range().choice
     'entropy'
+
+    A quant_nn model:
+
+    >>> from qviz.engine.quant_modules import quantize_model
+    >>> q = quantize_model(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    >>> _ = qviz.calibrate_quantizers(q, [torch.randn(64, 4)], method="entropy", progress=False)
+    >>> ex = CalibrationExplorer(q, graph=False)
+    >>> ex.observers, ex.state.method
+    (['0._input_quantizer', '0._weight_quantizer'], 'entropy')
+    >>> ex.set(method="mse").use_range().method
+    'mse'
 """
 
 from __future__ import annotations
@@ -33,21 +52,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from qviz.engine.choices import choose_range
-from qviz.engine.observers import HistogramObserver
 from qviz.errors import ConfigError, QvizError
 from qviz.viz.histogram_svg import histogram_svg
-from qviz.viz.histograms import HistogramData, histogram_data
+from qviz.viz.histograms import HistogramData
+from qviz.widgets.explorer_sources import METHODS, source_for
 
-__all__ = ["CalibrationExplorer", "ExplorerState"]
-
-METHODS = ("max", "percentile", "entropy", "mse", "l2")
-_CALIBRATOR_METHODS = ("max", "percentile", "entropy", "mse")
+__all__ = ["METHODS", "CalibrationExplorer", "ExplorerState"]
 
 
 @dataclass(frozen=True)
 class ExplorerState:
-    """What the explorer shows: an observer, the method being considered, its settings."""
+    """What the explorer shows: an observer (or a TensorQuantizer's module path), the method
+    being considered, its settings."""
 
     observer: str
     method: str
@@ -56,19 +72,19 @@ class ExplorerState:
     log: bool = True
 
 
-def _bits(obs: HistogramObserver) -> int:
-    return int(obs.quant_max - obs.quant_min).bit_length()
-
-
 class CalibrationExplorer:
-    """Explore and choose calibration ranges of a calibrated model's HistogramObservers.
+    """Explore and choose calibration ranges of a calibrated model's HistogramObservers, or of
+    a calibrated quant_nn model's TensorQuantizers.
 
     Args:
         calibrated_model: a model from :func:`qviz.prepare_pt2e` after :func:`qviz.calibrate`.
             Observers made with ``switchable=True`` (e.g.
             ``get_symmetric_quantization_config(switchable=True)``) can show and use every
-            method; others show only their own.
+            method; others show only their own. Or a model of quant_nn layers after
+            :func:`qviz.calibrate_quantizers` (its enabled quantizers that saw data).
         graph: show the model's graph too (click an observer marker to pick it).
+        example_inputs: for a quant_nn model, inputs to export it with for the graph (without
+            them no graph is drawn, and the status line says so).
 
     Attributes:
         state: the current :class:`ExplorerState`.
@@ -76,24 +92,20 @@ class CalibrationExplorer:
         widget: the ipywidgets box (the explorer also renders itself in Jupyter).
 
     Raises:
-        ConfigError: the model has no plan or no HistogramObserver.
+        ConfigError: the model has no plan or no HistogramObserver, or (quant_nn) no enabled
+            TensorQuantizer with calibration statistics.
     """
 
-    def __init__(self, calibrated_model: Any, *, graph: bool = True) -> None:
-        plan = getattr(calibrated_model, "plan", None)
-        if plan is None or not hasattr(plan, "groups"):
-            raise ConfigError(
-                f"CalibrationExplorer needs a calibrated model from qviz.prepare_pt2e (with "
-                f".plan), got {type(calibrated_model).__name__}"
-            )
+    def __init__(
+        self,
+        calibrated_model: Any,
+        *,
+        graph: bool = True,
+        example_inputs: tuple[Any, ...] | None = None,
+    ) -> None:
+        self._source = source_for(calibrated_model, example_inputs)
         self.model = calibrated_model
-        self.observers = [
-            g.observer
-            for g in plan.groups
-            if isinstance(getattr(calibrated_model, g.observer, None), HistogramObserver)
-        ]
-        if not self.observers:
-            raise ConfigError("CalibrationExplorer: this model has no HistogramObserver")
+        self.observers = list(self._source.names)
         self.error: str | None = None
         self._cache: dict[tuple, HistogramData] = {}
         self.state = self._state_for(self.observers[0])
@@ -104,7 +116,7 @@ class CalibrationExplorer:
     # -- Python equivalents of the controls ----------------------------------------------------
     def select(self, observer_or_tensor: str) -> CalibrationExplorer:
         """Show an observer, by module name (``"activation_post_process_3"``) or by a tensor it
-        observes."""
+        observes; for a quant_nn model, a TensorQuantizer by module path or graph marker."""
         return self._guard(lambda: self._select(observer_or_tensor))
 
     def set(
@@ -119,12 +131,14 @@ class CalibrationExplorer:
         return self._guard(lambda: self._set(method, percentile, num_bits, log))
 
     def use_range(self) -> Any:
-        """Make the shown observer use the considered method; returns its updated GroupRecord."""
+        """Make the shown observer use the considered method; returns its updated GroupRecord
+        (a TensorQuantizer: its :class:`~qviz.engine.quantizer_records.QuantizerRecord`)."""
         records = self._choose([self.state.observer])
         return records[0] if records else None
 
     def apply_to_all(self) -> list[Any]:
-        """Make every HistogramObserver use the considered method; returns their records."""
+        """Make every HistogramObserver (every TensorQuantizer whose calibrator can compute the
+        method) use the considered method; returns their records."""
         return self._choose(None) or []
 
     @property
@@ -139,8 +153,9 @@ class CalibrationExplorer:
 
     @property
     def choices(self) -> dict[str, str]:
-        """``{observer: method}`` for every range the user chose (read from the plan)."""
-        return {g.observer: g.choice for g in self.model.plan.groups if g.choice}
+        """``{observer: method}`` for every range the user chose (read from the plan); for a
+        quant_nn model, the method that computed each quantizer's loaded amax."""
+        return self._source.choices()
 
     @property
     def overrides(self) -> dict[str, dict[str, Any]]:
@@ -149,20 +164,11 @@ class CalibrationExplorer:
         Every tensor of a chosen group that has its own spec gets the method (and percentile),
         so the groups stay as they are: ``OverrideQuantizer(base, explorer.overrides)`` (or
         merged with an AnnotationEditor's overrides) prepares observers that pick these ranges.
+
+        Raises:
+            ConfigError: a quant_nn model (its choices live in its quantizers' amax).
         """
-        plan = self.model.plan
-        out: dict[str, dict[str, Any]] = {}
-        for group in plan.groups:
-            if not group.choice:
-                continue
-            method, _, pct = group.choice.partition(" ")
-            change: dict[str, Any] = {"observer": "HistogramObserver", "method": method}
-            if pct:
-                change["percentile"] = float(pct)
-            for record in plan.tensors:
-                if record.group == group.group and record.spec.kind != "shared":
-                    out[str(record.tensor)] = dict(change)
-        return out
+        return self._source.overrides()
 
     # -- state changes -------------------------------------------------------------------------
     def _guard(self, action: Any) -> CalibrationExplorer:
@@ -176,38 +182,20 @@ class CalibrationExplorer:
         return self
 
     def _state_for(self, observer: str) -> ExplorerState:
-        obs = self.model.get_submodule(observer)
-        return ExplorerState(observer, obs.method, float(obs.percentile), _bits(obs))
+        return ExplorerState(observer, *self._source.start(observer))
 
     def _select(self, name: str) -> None:
-        if name not in self.observers:
-            name = self._observer_of(name)
         self.state = dataclasses.replace(
-            self._state_for(name), log=self.state.log, percentile=self.state.percentile
+            self._state_for(self._source.resolve(name)),
+            log=self.state.log,
+            percentile=self.state.percentile,
         )
-
-    def _observer_of(self, tensor: str) -> str:
-        producer, _, consumer = (s.strip() for s in tensor.partition("->"))
-        try:
-            group = self.model.plan.group_of(producer, consumer or None)
-        except ConfigError:
-            raise ConfigError(
-                f"{tensor!r} is neither a HistogramObserver ({', '.join(self.observers)}) nor a "
-                f"tensor the plan observes"
-            ) from None
-        if group.observer not in self.observers:
-            raise ConfigError(
-                f"{tensor!r} is observed by {group.observer}, a "
-                f"{type(self.model.get_submodule(group.observer)).__name__}: only "
-                f"HistogramObservers keep a histogram to explore"
-            )
-        return group.observer
 
     def _set(self, method: Any, percentile: Any, num_bits: Any, log: Any) -> None:
         changes: dict[str, Any] = {}
         if method is not None:
-            if method not in METHODS:
-                raise ConfigError(f"method {method!r} is not one of {list(METHODS)}")
+            if method not in self._source.methods:
+                raise ConfigError(f"method {method!r} is not one of {list(self._source.methods)}")
             changes["method"] = method
         if percentile is not None:
             if isinstance(percentile, bool) or not 0 < float(percentile) <= 100:
@@ -227,44 +215,20 @@ class CalibrationExplorer:
         self._data()  # compute now, so that a refusal keeps the previous state
 
     def _choose(self, observers: list[str] | None) -> list[Any] | None:
-        st = self.state
         try:
-            obs = self.model.get_submodule(st.observer)
-            if st.num_bits != _bits(obs):
-                raise ConfigError(
-                    f"{st.observer} quantizes to {_bits(obs)} bits (its spec's range); "
-                    f"num_bits={st.num_bits} only explores: set num_bits back to {_bits(obs)}, "
-                    f"or change the range with the AnnotationEditor"
-                )
-            pct = st.percentile if st.method == "percentile" else None
-            records = choose_range(self.model, st.method, observers=observers, percentile=pct)
+            records = self._source.choose(self.state, observers)
             self.error = None
         except QvizError as exc:
             self.error, records = str(exc), None
         self._cache.clear()  # the observers' own rows changed
+        if records:
+            self._redraw()
         self._refresh()
         return records
 
     # -- data ----------------------------------------------------------------------------------
     def _data(self) -> HistogramData:
-        st = self.state
-        obs = self.model.get_submodule(st.observer)
-        if obs.calibrator is None or not obs.calibrator.num_batches:
-            return self._cached((st.observer, "own"), lambda: histogram_data(obs))
-        source = obs if st.num_bits == _bits(obs) else obs.calibrator.with_num_bits(st.num_bits)
-        parts = []
-        if st.num_bits == _bits(obs) and (obs.switchable or obs.method == "l2"):
-            key = (st.observer, st.num_bits, "l2", None)
-            parts.append(self._cached(key, lambda: histogram_data(obs, methods=("l2",))))
-        for m in _CALIBRATOR_METHODS:
-            pct = st.percentile if m == "percentile" else None
-            key = (st.observer, st.num_bits, m, pct)
-            parts.append(
-                self._cached(
-                    key, lambda m=m, pct=pct: histogram_data(source, methods=(m,), percentile=pct)
-                )
-            )
-        return _merge(parts)
+        return self._source.data(self.state, self._cached)
 
     def _cached(self, key: tuple, compute: Any) -> HistogramData:
         if key not in self._cache:
@@ -282,6 +246,11 @@ class CalibrationExplorer:
 
         refresh_view(self)
 
+    def _redraw(self) -> None:
+        from qviz.widgets.explorer_view import redraw_graph
+
+        redraw_graph(self)
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
 
@@ -291,21 +260,6 @@ class CalibrationExplorer:
             f"CalibrationExplorer({st.observer}: method={st.method}, percentile={st.percentile:g}, "
             f"num_bits={st.num_bits}, choices={self.choices})"
         )
-
-
-def _merge(parts: list[HistogramData]) -> HistogramData:
-    """One HistogramData from several single-method ones over the same histogram."""
-    rows: dict[str, dict[str, Any]] = {}
-    lines: dict[str, tuple[str, float, str]] = {}
-    for part in parts:
-        for row in part.rows:
-            rows.setdefault(row["method"], row)
-        for line in part.lines:
-            lines.setdefault(line[0], line)
-    methods = [*(m for m in METHODS if m in rows), *(m for m in rows if m not in METHODS)]
-    return dataclasses.replace(
-        parts[0], rows=tuple(rows[m] for m in methods), lines=tuple(lines.values())
-    )
 
 
 def histogram_of(explorer: CalibrationExplorer) -> str:

@@ -22,27 +22,18 @@ def label_of(observer: str, members: list[str]) -> str:
     return f"{observer}: {members[0]}{more}" if members else observer
 
 
-def _options(explorer: Any) -> list[tuple[str, str]]:
-    groups = {g.observer: g for g in explorer.model.plan.groups}
-    return [
-        (label_of(name, [str(m) for m in groups[name].members]), name)
-        for name in explorer.observers
-    ]
-
-
 def build_view(explorer: Any, with_graph: bool) -> None:
     """Create the controls and wire each to the explorer's Python equivalent."""
     import ipywidgets as w
 
-    from qviz.widgets.explorer import METHODS
     from qviz.widgets.layout import row, split
 
     st = explorer.state
     explorer._observer = w.Dropdown(
-        options=_options(explorer), value=st.observer, description="observer"
+        options=explorer._source.options(), value=st.observer, description="observer"
     )
     explorer._method = w.ToggleButtons(
-        options=list(METHODS), value=st.method, description="method",
+        options=list(explorer._source.methods), value=st.method, description="method",
         style={"button_width": "92px"},
     )  # fmt: skip
     explorer._percentile = w.FloatSlider(
@@ -73,7 +64,13 @@ def build_view(explorer: Any, with_graph: bool) -> None:
             explorer._status,
         ]
     )
-    explorer._graph = _graph(explorer) if with_graph else None
+    drawn = explorer._source.graph_model() if with_graph else None
+    explorer._graph = _graph(explorer, drawn) if drawn is not None else None
+    explorer._graph_note = (
+        "pass example_inputs=(x,) to CalibrationExplorer to draw the model's graph"
+        if with_graph and drawn is None
+        else ""
+    )
     explorer.widget = split(explorer._graph, panel, graph_width="45%")
 
 
@@ -92,13 +89,13 @@ def _wire(explorer: Any) -> None:
     on(explorer._log, lambda v: explorer.set(log=v))
 
 
-def _graph(explorer: Any) -> Any:
+def _graph(explorer: Any, drawn: Any) -> Any:
     from qviz.viz import graph
     from qviz.widgets.folding import Folding
     from qviz.widgets.graph_widget import GraphWidget
 
-    folding = Folding(explorer.model)  # big models open collapsed; a click expands a module
-    widget = GraphWidget().show(graph(explorer.model, collapse=folding.collapse))
+    folding = Folding(drawn)  # big models open collapsed; a click expands a module
+    widget = GraphWidget().show(graph(drawn, collapse=folding.collapse))
 
     def on_select(change: dict[str, Any]) -> None:
         name = change["new"]
@@ -109,12 +106,24 @@ def _graph(explorer: Any) -> Any:
         path = (change["new"] or {}).get("path")
         if path:
             folding.toggle(path)
-            widget.show(graph(explorer.model, collapse=folding.collapse))
+            widget.show(graph(explorer._drawn, collapse=folding.collapse))
 
     widget.observe(on_select, "selected")
     widget.observe(on_module, "module_click")
     explorer._folding = folding
+    explorer._drawn = drawn
     return widget
+
+
+def redraw_graph(explorer: Any) -> None:
+    """Draw the graph again after a choice that changes what it shows (a quant_nn model's
+    markers carry the amax: the model is exported afresh)."""
+    from qviz.viz import graph
+
+    if explorer._graph is None or not explorer._source.redraw_after_choice:
+        return
+    explorer._drawn = explorer._source.graph_model()
+    explorer._graph.show(graph(explorer._drawn, collapse=explorer._folding.collapse))
 
 
 def refresh_view(explorer: Any) -> None:
@@ -143,7 +152,14 @@ def _status(explorer: Any, chosen: str | None) -> str:
     if explorer.error:
         return f'<div style="color:#b00020">⚠ {html.escape(explorer.error)}</div>'
     note = explorer._data().note
-    parts = [f"user choice: <b>{html.escape(chosen)}</b>" if chosen else "no user choice yet"]
+    label = explorer._source.choice_label
+    parts = [
+        f"{label}: <b>{html.escape(chosen)}</b>"
+        if chosen
+        else html.escape(explorer._source.no_choice)
+    ]
     if note:
         parts.append(html.escape(note))
+    if explorer._graph_note:
+        parts.append(html.escape(explorer._graph_note))
     return f'<div style="color:#555">{" · ".join(parts)}</div>'
