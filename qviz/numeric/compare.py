@@ -21,6 +21,10 @@ For one batch:
      error in steps);
 3. the statistics are added to running sums and the batch's tensors are dropped.
 
+A quant_nn model (TensorQuantizers inside, from ``quantize_model``) is compared layer by layer
+with the float model it was copied from, matched by module name, giving the same table
+(:mod:`qviz.numeric.compare_modules`).
+
 Example:
     >>> import torch, qviz
     >>> from torch import nn
@@ -62,6 +66,7 @@ from qviz.numeric.batches import (
     flat_tensors,
     split_batch,
 )
+from qviz.numeric.compare_modules import compare_modules, is_quant_nn_model
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 
@@ -200,7 +205,8 @@ def _plan_ops(model: GraphModule) -> list[str]:
     if plan is None or not hasattr(plan, "tensors"):
         raise ConfigError(
             f"compare needs the quantized model from qviz.convert_pt2e (it carries .plan), got "
-            f"{type(model).__name__} without a plan"
+            f"{type(model).__name__} without a plan (for a quant_nn model, pass the module "
+            f"itself, not its export)"
         )
     names: dict[str, None] = {}
     for record in plan.tensors:
@@ -329,7 +335,7 @@ def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
 
 def compare(
     float_model: Any,
-    quantized_model: GraphModule,
+    quantized_model: GraphModule | torch.nn.Module,
     data: Any,
     *,
     metric: Callable[[Any, Any, Any], float] | None = None,
@@ -340,8 +346,12 @@ def compare(
     Args:
         float_model: the graph module you quantized (from :func:`qviz.export`), or the float
             ``nn.Module`` (exported here on the first batch; its graph must be the one you
-            quantized).
-        quantized_model: the model from :func:`qviz.convert_pt2e`.
+            quantized). For a quant_nn ``quantized_model``: the float ``nn.Module`` it was
+            copied from.
+        quantized_model: the model from :func:`qviz.convert_pt2e`, or a calibrated quant_nn
+            model (``quantize_model(float_model)``): then each quantized layer is compared
+            with the float layer of the same name (:func:`~qviz.numeric.compare_modules.
+            compare_modules`; ``node`` is the layer's module path).
         data: batches as for :func:`qviz.calibrate`: tensors, ``(inputs..., target)`` tuples or
             a DataLoader; items after the model's inputs are the target passed to ``metric``.
         metric: optional ``metric(float_out, quant_out, target) -> float`` per batch (e.g.
@@ -369,10 +379,12 @@ def compare(
         >>> compare(gm, quantized, data, progress=False).worst(1)["node"].tolist()
         ['linear']
     """
+    if is_quant_nn_model(quantized_model):
+        return compare_modules(float_model, quantized_model, data, metric=metric, progress=progress)
     if not isinstance(quantized_model, GraphModule):
         raise ConfigError(
-            f"quantized_model must be the graph module qviz.convert_pt2e returned, got "
-            f"{type(quantized_model).__name__}"
+            f"quantized_model must be the graph module qviz.convert_pt2e returned or a model "
+            f"of quant_nn layers, got {type(quantized_model).__name__}"
         )
     if metric is not None and not callable(metric):
         raise ConfigError(

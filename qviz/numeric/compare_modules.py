@@ -1,0 +1,406 @@
+"""``compare`` for the module-level flow: each quant_nn layer against its float twin.
+
+A quant_nn model from :func:`qviz.engine.quant_modules.quantize_model` keeps the float model's
+module names, so each quantized layer (a module holding an enabled TensorQuantizer) is matched
+with the float model's module of the same name. Both models run on the same batches, in eval
+mode (their modes are restored afterwards), with forward hooks on the matched layers:
+
+* **cumulative** error: the quantized layer's output in the quantized model against the float
+  layer's output (everything upstream included);
+* **local** error: the quantized layer run again on the *float* layer's inputs, against the
+  float output: only what quantizing this layer's input and weight costs;
+* **weight_sqnr**: the weight quantizer's output against the float weight;
+* the grid columns (``float_min/max``, ``grid_min/max``, ``clipped``, ``rmse_scale``) measure
+  the float layer's *input* against the layer's input quantizer (per tensor, with an amax):
+  a quant_nn layer quantizes its inputs, not its output.
+
+The table is the :class:`~qviz.numeric.report.NumericReport` of the PT2E comparison: ``node``
+and ``module`` are the layer's module path (``conv1.0``; a second call of the same layer is
+``conv1.0@1``), ``op`` its class, ``handle`` is NaN.
+
+Example:
+    >>> import torch, qviz
+    >>> from torch import nn
+    >>> from qviz.engine.quant_modules import quantize_model
+    >>> torch.manual_seed(0) and None
+    >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    >>> data = [torch.randn(16, 8) for _ in range(4)]
+    >>> quantized = quantize_model(model)
+    >>> _ = qviz.calibrate_quantizers(quantized, data, progress=False)
+    >>> report = compare_modules(model, quantized, data, progress=False)
+    >>> list(report.df["node"]), list(report.df["op"])
+    (['0', '2'], ['QuantLinear', 'QuantLinear'])
+    >>> bool((report.df["local_sqnr"] > 30).all()), report.output_sqnr > 30
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+
+from qviz.engine.qparams import quant_range, symmetric_scale
+from qviz.engine.tensor_quantizer import TensorQuantizer
+from qviz.errors import ConfigError
+from qviz.numeric.batches import batch_size, batches_of, flat_tensors, split_batch
+from qviz.numeric.report import NumericReport
+from qviz.numeric.streaming import GridStats, PairStats
+
+__all__ = ["compare_modules", "is_quant_nn_model"]
+
+
+def is_quant_nn_model(model: Any) -> bool:
+    """A module (not an exported graph) holding TensorQuantizers: a quant_nn model.
+
+    Example:
+        >>> from qviz.engine import quant_nn
+        >>> is_quant_nn_model(quant_nn.QuantLinear(2, 2)), is_quant_nn_model(nn.Linear(2, 2))
+        (True, False)
+    """
+    return (
+        isinstance(model, nn.Module)
+        and not isinstance(model, GraphModule)
+        and any(isinstance(m, TensorQuantizer) for m in model.modules())
+    )
+
+
+@dataclass
+class _Layer:
+    """One matched layer and what is measured on it (per call of the layer)."""
+
+    name: str
+    float_layer: nn.Module
+    quant_layer: nn.Module
+    cumulative: dict[int, PairStats] = field(default_factory=dict)
+    local: dict[int, PairStats] = field(default_factory=dict)
+    grid: dict[int, GridStats] = field(default_factory=dict)
+
+
+def _quantizes(tq: TensorQuantizer) -> bool:
+    facts = tq.facts()
+    return not facts["disabled"] and bool(facts["quant"])
+
+
+def _enabled(layer: nn.Module) -> list[TensorQuantizer]:
+    return [
+        m for name, m in layer.named_modules() if isinstance(m, TensorQuantizer) and _quantizes(m)
+    ]
+
+
+def _quantized_layers(quant_model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules whose own (not nested layers') TensorQuantizers quantize: the quantized layers."""
+    layers = []
+    for name, module in quant_model.named_modules():
+        if isinstance(module, TensorQuantizer):
+            continue
+        own = [
+            m
+            for m in module.children()
+            if isinstance(m, TensorQuantizer)
+            or (isinstance(m, nn.ModuleList) and any(isinstance(q, TensorQuantizer) for q in m))
+        ]
+        if own and _enabled(module):
+            layers.append((name, module))
+    return layers
+
+
+def _match(float_model: nn.Module, quant_model: nn.Module) -> list[_Layer]:
+    layers = []
+    for name, quant_layer in _quantized_layers(quant_model):
+        try:
+            twin = float_model.get_submodule(name)
+        except AttributeError:
+            raise ConfigError(
+                f"float_model has no module {name!r} to compare the quantized "
+                f"{type(quant_layer).__name__} {name!r} with: pass the float model that "
+                f"quantize_model(float_model) copied (it keeps the module names)"
+            ) from None
+        if any(isinstance(m, TensorQuantizer) for m in twin.modules()):
+            raise ConfigError(
+                f"float_model's {name!r} is a {type(twin).__name__} with TensorQuantizers: "
+                f"pass the float model as float_model and its quant_nn copy as quantized_model"
+            )
+        layers.append(_Layer(name or type(quant_model).__name__, twin, quant_layer))
+    if not layers:
+        raise ConfigError(
+            f"the {type(quant_model).__name__} has no quantized layer (no enabled "
+            f"TensorQuantizer): swap its layers with quant_modules.quantize_model(model)"
+        )
+    return layers
+
+
+def _check_not_calibrating(quant_model: nn.Module) -> None:
+    calibrating = [
+        n
+        for n, m in quant_model.named_modules()
+        if isinstance(m, TensorQuantizer) and m.facts()["calib"]
+    ]
+    if calibrating:
+        raise ConfigError(
+            f"these TensorQuantizers are still calibrating (compare would feed their "
+            f"calibrators): {calibrating[:5]}{' ...' if len(calibrating) > 5 else ''}; finish "
+            f"calibration first (qviz.calibrate_quantizers does, or call disable_calib())"
+        )
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, tuple | list):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def _update(stats: PairStats, layer: str, reference: Any, test: Any) -> None:
+    refs, tests = flat_tensors(reference), flat_tensors(test)
+    if len(refs) != len(tests) or any(
+        r.shape != t.shape for r, t in zip(refs, tests, strict=False)
+    ):
+        raise ConfigError(
+            f"{layer}: the quantized layer's output does not match the float layer's "
+            f"(shapes {[tuple(r.shape) for r in refs]} vs {[tuple(t.shape) for t in tests]}); "
+            f"pass the float model the quant_nn model was made from"
+        )
+    for r, t in zip(refs, tests, strict=True):
+        stats.update(r, t)
+
+
+def _input_grid(layer: nn.Module) -> GridStats | None:
+    """The grid of the layer's input quantizer, when it is per tensor with an amax."""
+    tq = getattr(layer, "_input_quantizer", None)
+    if not isinstance(tq, TensorQuantizer) or not _quantizes(tq):
+        return None
+    if tq.amax is None or tq.amax.numel() != 1 or not tq.fake_quant:
+        return None
+    d = tq.quant_desc
+    amax = float(tq.amax) * (d.scale_amax or 1.0)
+    qmin, qmax = quant_range(d.num_bits, unsigned=d.unsigned, narrow_range=d.narrow_range)
+    scale = float(symmetric_scale(amax, num_bits=d.num_bits, unsigned=d.unsigned))
+    return GridStats(scale, 0, qmin, qmax) if scale > 0 else None
+
+
+class _Hooks:
+    """Forward hooks that record the float layers' calls and measure the quantized ones."""
+
+    def __init__(self, layers: list[_Layer]) -> None:
+        self.layers = layers
+        self.floats: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self.calls: dict[str, int] = {}
+        self.busy = False  # the local re-run of a quantized layer must not measure itself
+        self.order: dict[tuple[str, int], None] = {}
+
+    def _call_index(self, name: str) -> int:
+        index = self.calls.get(name, 0)
+        self.calls[name] = index + 1
+        return index
+
+    def float_hook(self, layer: _Layer) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            index = self._call_index(layer.name)
+            self.floats[(layer.name, index)] = (_clone(args), _clone(output))
+
+        return hook
+
+    def quant_hook(self, layer: _Layer) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if self.busy:
+                return
+            index = self._call_index(layer.name)
+            recorded = self.floats.get((layer.name, index))
+            if recorded is None:  # the float model called this layer fewer times
+                return
+            self.order[(layer.name, index)] = None
+            float_args, float_out = recorded
+            label = _row_name(layer.name, index)
+            _update(layer.cumulative.setdefault(index, PairStats()), label, float_out, output)
+            self.busy = True
+            try:
+                local_out = module(*float_args)
+            finally:
+                self.busy = False
+            _update(layer.local.setdefault(index, PairStats()), label, float_out, local_out)
+            grid = layer.grid.get(index) or _input_grid(module)
+            if grid is not None and float_args and isinstance(float_args[0], torch.Tensor):
+                layer.grid[index] = grid
+                grid.update(float_args[0])
+
+        return hook
+
+    def new_batch(self) -> None:
+        self.floats.clear()
+        self.calls.clear()
+
+    @contextlib.contextmanager
+    def installed(self, on: str) -> Iterator[None]:
+        handles = [
+            (layer.float_layer if on == "float" else layer.quant_layer).register_forward_hook(
+                self.float_hook(layer) if on == "float" else self.quant_hook(layer)
+            )
+            for layer in self.layers
+        ]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _row_name(name: str, index: int) -> str:
+    return name if index == 0 else f"{name}@{index}"
+
+
+@contextlib.contextmanager
+def _eval_mode(*models: nn.Module) -> Iterator[None]:
+    modes = [[(m, m.training) for m in model.modules()] for model in models]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for saved in modes:
+            for m, training in saved:
+                m.training = training
+
+
+def _arity(model: nn.Module) -> int | None:
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def _split(batch: Any, arity: int | None, index: int) -> tuple[tuple[Any, ...], Any]:
+    """``(inputs, target)``: the model's positional inputs first, the target after."""
+    if isinstance(batch, tuple | list) and arity is not None and arity > 1:
+        if len(batch) < arity:
+            raise ConfigError(
+                f"compare: batch {index} has {len(batch)} items but the model takes {arity} "
+                f"inputs; give (inputs..., target) tuples"
+            )
+        rest = batch[arity:]
+        return tuple(batch[:arity]), (rest[0] if len(rest) == 1 else tuple(rest) or None)
+    return split_batch(batch, None, index, "compare")
+
+
+def _weight_sqnr(layer: _Layer) -> float:
+    wq = getattr(layer.quant_layer, "_weight_quantizer", None)
+    weight = getattr(layer.quant_layer, "weight", None)
+    ref = getattr(layer.float_layer, "weight", None)
+    if not isinstance(wq, TensorQuantizer) or not isinstance(weight, torch.Tensor):
+        return math.nan
+    if not isinstance(ref, torch.Tensor) or ref.shape != weight.shape:
+        return math.nan
+    stats = PairStats()
+    with torch.no_grad():
+        stats.update(ref, wq(weight))
+    return stats.sqnr
+
+
+def _table(layers: list[_Layer], order: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    by_name = {layer.name: layer for layer in layers}
+    rows = []
+    for name, index in order:
+        layer = by_name[name]
+        cumulative, local = layer.cumulative[index], layer.local[index]
+        grid = layer.grid.get(index)
+        nan = math.nan
+        rows.append({
+            "node": _row_name(name, index), "op": type(layer.quant_layer).__name__,
+            "module": name, "local_sqnr": local.sqnr if local.count else nan,
+            "cumulative_sqnr": cumulative.sqnr if cumulative.count else nan,
+            "cumulative_mse": cumulative.mse,
+            "cumulative_cosine": cumulative.cosine if cumulative.count else nan,
+            "cumulative_max_abs_err": cumulative.max_abs if cumulative.count else nan,
+            "local_mse": local.mse, "weight_sqnr": _weight_sqnr(layer),
+            "float_min": grid.low if grid is not None and grid.count else nan,
+            "float_max": grid.high if grid is not None and grid.count else nan,
+            "grid_min": grid.grid_min if grid is not None else nan,
+            "grid_max": grid.grid_max if grid is not None else nan,
+            "clipped": grid.clipped if grid is not None else nan,
+            "rmse_scale": grid.rmse_scale if grid is not None else nan,
+        })  # fmt: skip
+    return rows
+
+
+def compare_modules(
+    float_model: nn.Module,
+    quantized_model: nn.Module,
+    data: Any,
+    *,
+    metric: Callable[[Any, Any, Any], float] | None = None,
+    progress: bool = True,
+) -> NumericReport:
+    """Compare every quantized layer of a quant_nn model with the float model's layer.
+
+    Called by :func:`qviz.numeric.compare` when ``quantized_model`` holds TensorQuantizers.
+
+    Args:
+        float_model: the float ``nn.Module`` that :func:`quantize_model` copied.
+        quantized_model: its quant_nn copy, calibrated.
+        data: batches (tensors, ``(inputs..., target)`` tuples, a DataLoader).
+        metric: optional ``metric(float_out, quant_out, target) -> float`` per batch.
+        progress: show a progress bar over the batches.
+
+    Returns:
+        A :class:`~qviz.numeric.report.NumericReport`, one row per call of a quantized layer,
+        in the order the quantized model calls them.
+
+    Raises:
+        ConfigError: no quantized layer, a layer the float model lacks (or that is itself
+            quantized), quantizers still calibrating, outputs that do not match, or no data.
+    """
+    if not isinstance(float_model, nn.Module) or isinstance(float_model, GraphModule):
+        raise ConfigError(
+            f"to compare a quant_nn model, float_model must be the float nn.Module it was made "
+            f"from (matched by module name), got {type(float_model).__name__}"
+        )
+    if metric is not None and not callable(metric):
+        raise ConfigError(
+            f"metric must be a function (float_out, quant_out, target), got {metric!r}"
+        )
+    _check_not_calibrating(quantized_model)
+    layers = _match(float_model, quantized_model)
+    hooks, outputs = _Hooks(layers), PairStats()
+    metric_sum, samples, count = 0.0, 0, 0
+    arity = _arity(quantized_model)
+    from qviz.numeric.progress import progress_bar
+
+    with _eval_mode(float_model, quantized_model), torch.no_grad():
+        for index, batch in enumerate(
+            progress_bar(batches_of(data, "compare"), progress, "compare")
+        ):
+            inputs, target = _split(batch, arity, index)
+            hooks.new_batch()
+            with hooks.installed("float"):
+                float_out = float_model(*inputs)
+            hooks.calls.clear()
+            with hooks.installed("quant"):
+                quant_out = quantized_model(*inputs)
+            for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
+                outputs.update(f, q)
+            size = batch_size(inputs)
+            if metric is not None:
+                metric_sum += float(metric(_single(float_out), _single(quant_out), target)) * size
+            samples += size
+            count += 1
+    if count == 0:
+        raise ConfigError("compare needs at least one batch of data")
+    return NumericReport.from_table(
+        _table(layers, list(hooks.order)),
+        output_sqnr=outputs.sqnr if outputs.count else math.nan,
+        metric=metric_sum / samples if metric is not None and samples else None,
+        batches=count,
+        samples=samples,
+    )
+
+
+def _single(out: Any) -> Any:
+    return out[0] if isinstance(out, list | tuple) and len(out) == 1 else out
