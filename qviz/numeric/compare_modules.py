@@ -49,7 +49,7 @@ from torch.fx import GraphModule
 
 from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor_quantizer import TensorQuantizer
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, QvizError
 from qviz.numeric.batches import batch_size, batches_of, flat_tensors, split_batch
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
@@ -368,38 +368,62 @@ def compare_modules(
         )
     _check_not_calibrating(quantized_model)
     layers = _match(float_model, quantized_model)
-    hooks, outputs = _Hooks(layers), PairStats()
-    metric_sum, samples, count = 0.0, 0, 0
-    arity = _arity(quantized_model)
+    hooks = _Hooks(layers)
+    with _eval_mode(float_model, quantized_model), torch.no_grad():
+        figures = _run(float_model, quantized_model, hooks, data, metric, progress)
+    return NumericReport.from_table(_table(layers, list(hooks.order)), **figures)
+
+
+@contextlib.contextmanager
+def _batch_errors(index: int) -> Iterator[None]:
+    """A batch the model rejects becomes a ConfigError naming the batch."""
+    try:
+        yield
+    except QvizError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise ConfigError(
+            f"compare: batch {index} failed in the model: {type(exc).__name__}: {exc}; check "
+            f"that the batches hold the inputs the model takes (inputs first, target after)"
+        ) from exc
+
+
+def _run(
+    float_model: nn.Module,
+    quantized_model: nn.Module,
+    hooks: _Hooks,
+    data: Any,
+    metric: Callable[[Any, Any, Any], float] | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """Run both models on every batch (hooks measuring); the model-level figures."""
     from qviz.numeric.progress import progress_bar
 
-    with _eval_mode(float_model, quantized_model), torch.no_grad():
-        for index, batch in enumerate(
-            progress_bar(batches_of(data, "compare"), progress, "compare")
-        ):
-            inputs, target = _split(batch, arity, index)
-            hooks.new_batch()
-            with hooks.installed("float"):
-                float_out = float_model(*inputs)
-            hooks.calls.clear()
-            with hooks.installed("quant"):
-                quant_out = quantized_model(*inputs)
-            for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
-                outputs.update(f, q)
-            size = batch_size(inputs)
-            if metric is not None:
-                metric_sum += float(metric(_single(float_out), _single(quant_out), target)) * size
-            samples += size
-            count += 1
+    outputs, metric_sum, samples, count = PairStats(), 0.0, 0, 0
+    arity = _arity(quantized_model)
+    for index, batch in enumerate(progress_bar(batches_of(data, "compare"), progress, "compare")):
+        inputs, target = _split(batch, arity, index)
+        hooks.new_batch()
+        with _batch_errors(index), hooks.installed("float"):
+            float_out = float_model(*inputs)
+        hooks.calls.clear()
+        with _batch_errors(index), hooks.installed("quant"):
+            quant_out = quantized_model(*inputs)
+        for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
+            outputs.update(f, q)
+        size = batch_size(inputs)
+        if metric is not None:
+            metric_sum += float(metric(_single(float_out), _single(quant_out), target)) * size
+        samples += size
+        count += 1
     if count == 0:
         raise ConfigError("compare needs at least one batch of data")
-    return NumericReport.from_table(
-        _table(layers, list(hooks.order)),
-        output_sqnr=outputs.sqnr if outputs.count else math.nan,
-        metric=metric_sum / samples if metric is not None and samples else None,
-        batches=count,
-        samples=samples,
-    )
+    return {
+        "output_sqnr": outputs.sqnr if outputs.count else math.nan,
+        "metric": metric_sum / samples if metric is not None and samples else None,
+        "batches": count,
+        "samples": samples,
+    }
 
 
 def _single(out: Any) -> Any:

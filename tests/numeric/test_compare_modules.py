@@ -123,6 +123,8 @@ def test_mismatched_models_are_config_errors(setup):
     calibrating.fc._input_quantizer.enable_calib()
     with pytest.raises(ConfigError, match=r"still calibrating.*fc\._input_quantizer"):
         compare(float_model, calibrating, test[:1], progress=False)
+    with pytest.raises(ConfigError, match=r"batch 0 failed in the model"):
+        compare(float_model, twins[8], [torch.randn(2, 3)], progress=False)
     layer = quant_nn.QuantLinear(2, 2)
     layer.input_quantizer.disable()
     layer.weight_quantizer.disable()
