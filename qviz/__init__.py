@@ -17,6 +17,11 @@ from qviz.engine.calibrate import calibrate
 from qviz.engine.calibrate_quantizers import calibrate_quantizers
 from qviz.engine.capture import export
 from qviz.engine.convert import convert_pt2e
+from qviz.engine.exported_mode import (
+    allow_exported_model_train_eval,
+    move_exported_model_to_eval,
+    move_exported_model_to_train,
+)
 from qviz.engine.onnx_export import export_onnx
 from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
 from qviz.errors import (
@@ -36,11 +41,14 @@ __all__ = [
     "QuantizationError",
     "QvizError",
     "__version__",
+    "allow_exported_model_train_eval",
     "annotate_pt2e",
     "calibrate",
     "calibrate_quantizers",
     "convert_pt2e",
     "export",
     "export_onnx",
+    "move_exported_model_to_eval",
+    "move_exported_model_to_train",
     "prepare_pt2e",
 ]
