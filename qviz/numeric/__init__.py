@@ -23,6 +23,7 @@ from qviz.numeric.calibration import (
 from qviz.numeric.compare import compare
 from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.numeric.metrics import clipped_fraction, sqnr
+from qviz.numeric.qat_monitor import QATMonitor, QATRecord
 from qviz.numeric.report import NumericReport
 from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 
@@ -30,6 +31,8 @@ __all__ = [
     "CalibrationChoice",
     "LayerDetail",
     "NumericReport",
+    "QATMonitor",
+    "QATRecord",
     "calibration_choices",
     "clipped_fraction",
     "compare",

@@ -16,7 +16,7 @@ from typing import Any
 
 from qviz.errors import MissingDependencyError
 
-__all__ = ["detail_figure", "sqnr_bars"]
+__all__ = ["detail_figure", "qat_figure", "sqnr_bars"]
 
 
 def _figure(**kwargs: Any) -> Any:
@@ -99,4 +99,51 @@ def detail_figure(detail: Any) -> Any:
     hist.set_title(f"error, SQNR {detail.sqnr:.2f} dB on the sample batch", fontsize=10)
     if detail.in_float:
         fig.suptitle("kept in float (fallback): the error is inherited from upstream", fontsize=10)
+    return fig
+
+
+def qat_figure(monitor: Any) -> Any:
+    """A QATMonitor's records: each module's scale relative to its first recorded one, the
+    share it clipped at each step (a heat map, one row per module) and how often its scale or
+    zero_point changed.
+
+    Raises:
+        ConfigError: the monitor has no steps yet.
+    """
+    from qviz.errors import ConfigError
+
+    records = monitor.records
+    if not records:
+        raise ConfigError("the QATMonitor has no steps yet: call monitor.step() after each "
+                          "optimizer step, then plot")  # fmt: skip
+    names = list(monitor.modules)
+    by_name: dict[str, list[Any]] = {n: [] for n in names}
+    for r in records:
+        by_name[r.name].append(r)
+    fig = _figure(figsize=(10, 3.2 + 0.18 * len(names)), layout="constrained")
+    grid = fig.add_gridspec(2, 2, width_ratios=(3, 1), height_ratios=(1, 1.3))
+    drift, clip = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0])
+    count = fig.add_subplot(grid[:, 1])
+    for name in names:
+        rs = by_name[name]
+        first = rs[0].scale or 1.0
+        drift.plot([r.step for r in rs], [r.scale / first for r in rs], lw=1)
+    drift.set(ylabel="scale / first scale", title="scale trajectories (one line per module)")
+    steps = sorted({r.step for r in records})
+    column = {s: i for i, s in enumerate(steps)}
+    heat = [[float("nan")] * len(steps) for _ in names]
+    for row, name in enumerate(names):
+        for r in by_name[name]:
+            heat[row][column[r.step]] = r.clipped
+    extent = (steps[0] - 0.5, steps[-1] + 0.5, len(names) - 0.5, -0.5)
+    image = clip.imshow(heat, aspect="auto", interpolation="nearest", cmap="magma_r", extent=extent)
+    clip.set(xlabel="step", title="clipped share (zero gradient)")
+    clip.set_yticks(range(len(names)), [n.removeprefix("activation_post_process_") for n in names])
+    clip.tick_params(axis="y", labelsize=6)
+    fig.colorbar(image, ax=clip, fraction=0.04)
+    count.barh(range(len(names)), [monitor.changes[n] for n in names], color="tab:blue")
+    count.set_yticks(range(len(names)), [n.removeprefix("activation_post_process_") for n in names])
+    count.tick_params(axis="y", labelsize=6)
+    count.invert_yaxis()
+    count.set(xlabel="steps with a change", title=f"changes in {monitor.steps} steps")
     return fig

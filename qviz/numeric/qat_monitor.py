@@ -1,0 +1,212 @@
+"""QATMonitor: watch quantization parameters move while a model trains with fake quantization.
+
+The source document's QAT advice ("do not change quantization representation (scale) during
+training, at least not too frequently"; small learning rates, since the straight-through
+estimator adds variance) becomes measurable: after each optimizer step, ``monitor.step()``
+records for every fake-quantize module its scale and zero_point, whether they changed since the
+previous step, the share of elements it clipped (where the straight-through gradient is zero)
+and the mean ``|x| / scale`` of what it saw (how many steps of the grid the values span).
+
+The statistics of a tensor are taken by a forward hook on the fake-quantize module, with the
+scale it has just used, and summed over the forward passes between two ``step()`` calls.
+Memory is bounded: past ``max_records`` steps per module, every other record is dropped (the
+change counts stay exact).
+
+Example:
+    >>> import torch
+    >>> from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+    >>> from torchao.testing.pt2e._xnnpack_quantizer import (XNNPACKQuantizer,
+    ...     get_symmetric_quantization_config)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    >>> gm = torch.export.export(model, (torch.randn(2, 4),)).module()
+    >>> prepared = prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config(is_qat=True)))
+    >>> monitor = QATMonitor(prepared)
+    >>> _ = prepared(torch.randn(2, 4)); monitor.step(loss=0.5)
+    >>> [r.changed for r in monitor.records][:1], monitor.records[0].step
+    ([True], 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from qviz.errors import ConfigError
+
+__all__ = ["QATMonitor", "QATRecord"]
+
+
+@dataclass(frozen=True)
+class QATRecord:
+    """One fake-quantize module at one training step."""
+
+    step: int
+    name: str  # the module's path in the model
+    group: int | None  # its QuantPlan group, when the model has a plan
+    per_channel: bool
+    scale: float  # per channel: the mean over channels
+    scale_min: float
+    scale_max: float
+    zero_point: float  # per channel: the mean
+    changed: bool  # scale or zero_point differ from the previous step
+    clipped: float  # share of elements outside the grid (zero gradient), since the last step
+    mean_abs_over_scale: float  # mean |x| / scale of those elements
+    loss: float | None = None
+    metric: float | None = None
+
+
+def _is_fake_quantize(module: nn.Module) -> bool:
+    return all(hasattr(module, a) for a in ("scale", "zero_point", "quant_min", "quant_max")) and (
+        hasattr(module, "activation_post_process")
+    )
+
+
+def _groups(model: nn.Module) -> dict[str, int]:
+    plan = getattr(model, "plan", None)
+    groups = getattr(plan, "groups", ()) or ()
+    return {g.observer: g.id for g in groups if getattr(g, "observer", None)}
+
+
+class _Tally:
+    """What one fake-quantize module saw since the last step (sums, no tensors kept)."""
+
+    def __init__(self) -> None:
+        self.clipped = 0.0
+        self.total = 0
+        self.abs_over_scale = 0.0
+
+    def add(self, module: nn.Module, x: torch.Tensor) -> None:
+        scale = module.scale.detach().float()
+        zero = module.zero_point.detach().float()
+        if scale.numel() > 1:  # per channel: broadcast along the module's channel axis
+            shape = [1] * x.dim()
+            shape[module.ch_axis % x.dim()] = -1
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        inv = torch.reciprocal(scale)
+        q = torch.round(x.detach().float() * inv) + zero
+        self.clipped += float(((q < module.quant_min) | (q > module.quant_max)).sum())
+        self.total += x.numel()
+        self.abs_over_scale += float((x.detach().float().abs() * inv).sum())
+
+
+class QATMonitor:
+    """Record every fake-quantize module's scale, changes and clipping at each training step.
+
+    Args:
+        model: a model prepared for QAT (``qviz.prepare_qat_pt2e``, or torchao's): its
+            fake-quantize modules are found by what they hold (scale, zero_point, quant_min,
+            quant_max and an observer), labelled with their QuantPlan group when it has a plan.
+        max_records: records kept per module; past it, every other one is dropped.
+
+    Raises:
+        ConfigError: the model has no fake-quantize module.
+    """
+
+    def __init__(self, model: nn.Module, *, max_records: int = 2000) -> None:
+        if not isinstance(max_records, int) or max_records < 2:
+            raise ConfigError(f"max_records must be an int >= 2, got {max_records!r}")
+        self.modules = {n: m for n, m in model.named_modules() if _is_fake_quantize(m)}
+        if not self.modules:
+            raise ConfigError(
+                f"QATMonitor found no fake-quantize module in the {type(model).__name__}: "
+                f"give it the model qviz.prepare_qat_pt2e returned (a PTQ model has observers, "
+                f"which do not train)"
+            )
+        self.max_records = max_records
+        self._group = _groups(model)
+        self._tally = {n: _Tally() for n in self.modules}
+        self._last: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(
+            self.modules
+        )
+        self._records: dict[str, list[QATRecord]] = {n: [] for n in self.modules}
+        self.changes = dict.fromkeys(self.modules, 0)  # exact counts, never thinned
+        self.steps = 0
+        self._hooks = [
+            m.register_forward_hook(lambda mod, args, out, name=name: self._see(name, mod, args))
+            for name, m in self.modules.items()
+        ]
+
+    def _see(self, name: str, module: nn.Module, args: tuple) -> None:
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            self._tally[name].add(module, args[0])
+
+    def step(self, loss: float | torch.Tensor | None = None, metric: float | None = None) -> None:
+        """Record the current state of every module; call it after each optimizer step.
+
+        Args:
+            loss: the step's loss (a tensor is read with ``float()``).
+            metric: any number to plot beside it (an accuracy, a learning rate).
+        """
+        self.steps += 1
+        loss = (
+            float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            if loss is not None
+            else None
+        )
+        for name, module in self.modules.items():
+            self._records[name].append(self._record(name, module, loss, metric))
+            if len(self._records[name]) > self.max_records:
+                self._records[name] = self._records[name][::2]
+
+    def _record(self, name: str, module: nn.Module, loss, metric) -> QATRecord:
+        scale = module.scale.detach().float().clone()
+        zero = module.zero_point.detach().float().clone()
+        last = self._last[name]
+        changed = last is None or not (torch.equal(last[0], scale) and torch.equal(last[1], zero))
+        self.changes[name] += int(changed)
+        self._last[name] = (scale, zero)
+        tally, self._tally[name] = self._tally[name], _Tally()
+        seen = max(tally.total, 1)
+        return QATRecord(
+            step=self.steps, name=name, group=self._group.get(name),
+            per_channel=scale.numel() > 1, scale=float(scale.mean()),
+            scale_min=float(scale.min()), scale_max=float(scale.max()),
+            zero_point=float(zero.mean()), changed=changed, clipped=tally.clipped / seen,
+            mean_abs_over_scale=tally.abs_over_scale / seen, loss=loss, metric=metric,
+        )  # fmt: skip
+
+    @property
+    def records(self) -> list[QATRecord]:
+        """Every kept record, by step then module."""
+        return sorted((r for rs in self._records.values() for r in rs), key=lambda r: r.step)
+
+    def __iter__(self) -> Iterator[QATRecord]:
+        return iter(self.records)
+
+    @property
+    def df(self) -> Any:
+        """The records as a pandas DataFrame, one row per module and step."""
+        import pandas as pd
+
+        columns = list(QATRecord.__annotations__)
+        return pd.DataFrame([asdict(r) for r in self.records], columns=columns)
+
+    def plot(self) -> Any:
+        """Scale trajectories, clipping per module over steps and change counts (a Figure)."""
+        from qviz.numeric.plots import qat_figure
+
+        return qat_figure(self)
+
+    def close(self) -> None:
+        """Remove the hooks (the records stay)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def __enter__(self) -> QATMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        moving = sum(1 for n in self.modules if self.changes[n] > 1)
+        return (
+            f"QATMonitor({len(self.modules)} fake-quantize modules, {self.steps} steps, "
+            f"{moving} changed their scale after the first step)"
+        )

@@ -1,0 +1,116 @@
+"""QATMonitor on a QAT-prepared model: what it records is checked against torch's own
+fake-quantize gradient mask, and its memory stays bounded."""
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from qviz.errors import ConfigError
+from qviz.numeric.qat_monitor import QATMonitor
+
+pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+xnn = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
+torchao_pt2e = pytest.importorskip("torchao.quantization.pt2e")
+
+
+@functools.cache
+def _prepared_once(per_channel: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))
+    gm = torch.export.export(model, (torch.randn(4, 8),)).module()
+    config = xnn.get_symmetric_quantization_config(is_per_channel=per_channel, is_qat=True)
+    return pt2e.prepare_qat_pt2e(gm, xnn.XNNPACKQuantizer().set_global(config))
+
+
+def _prepared(per_channel=False):
+    """A fresh copy of a QAT-prepared model (torchao's prepare takes seconds: done once)."""
+    return copy.deepcopy(_prepared_once(per_channel))
+
+
+def _train(prepared, monitor, steps, scale=1.0):
+    opt = torch.optim.SGD(prepared.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(4, 8, generator=g) * scale
+        opt.zero_grad()
+        loss = prepared(x).square().mean()
+        loss.backward()
+        opt.step()
+        monitor.step(loss=loss)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_clipped_share_is_where_torchs_straight_through_gradient_is_zero(per_channel):
+    prepared = _prepared(per_channel)
+    monitor = QATMonitor(prepared)
+    seen = {}
+    hooks = [m.register_forward_hook(lambda m, a, o, n=n: seen.__setitem__(n, a[0].detach()))
+             for n, m in monitor.modules.items()]  # fmt: skip
+    prepared(torch.randn(4, 8, generator=torch.Generator().manual_seed(2)) * 3)
+    monitor.step()
+    for hook in hooks:
+        hook.remove()
+    for record in monitor.records:
+        module, x = monitor.modules[record.name], seen[record.name].clone().requires_grad_()
+        if module.scale.numel() > 1:
+            out = torch.fake_quantize_per_channel_affine(
+                x, module.scale, module.zero_point, module.ch_axis, module.quant_min,
+                module.quant_max,
+            )  # fmt: skip
+        else:
+            out = torch.fake_quantize_per_tensor_affine(
+                x, module.scale, module.zero_point, module.quant_min, module.quant_max
+            )
+        out.sum().backward()
+        assert record.clipped == pytest.approx(1 - float(x.grad.mean()), abs=1e-9), record.name
+        assert record.per_channel == (module.scale.numel() > 1)
+
+
+def test_frozen_observers_stop_the_changes_and_counts_survive_thinning():
+    prepared = _prepared()
+    monitor = QATMonitor(prepared, max_records=4)
+    _train(prepared, monitor, 6)
+    prepared.apply(torchao_pt2e.disable_observer)
+    _train(prepared, monitor, 14)
+    assert monitor.steps == 20
+    for name in monitor.modules:
+        kept = [r for r in monitor.records if r.name == name]
+        assert len(kept) <= 4  # thinned: memory stays bounded
+        assert monitor.changes[name] <= 6  # no change once the observers are frozen
+    late = [r for r in monitor.records if r.step > 7]
+    assert late and not any(r.changed for r in late)
+    moving = [n for n in monitor.modules if monitor.changes[n] > 1]
+    assert moving, "the activations' scales move while the observers run"
+
+
+def test_records_frame_plot_and_close():
+    pd = pytest.importorskip("pandas")
+    prepared = _prepared()
+    with QATMonitor(prepared) as monitor:
+        _train(prepared, monitor, 3)
+    assert monitor._hooks == []
+    prepared(torch.randn(4, 8))  # no hook left: nothing more is tallied
+    frame = monitor.df
+    assert isinstance(frame, pd.DataFrame) and len(frame) == 3 * len(monitor.modules)
+    assert frame["loss"].notna().all() and set(frame["step"]) == {1, 2, 3}
+    fig = monitor.plot()
+    assert len(fig.axes) == 4  # trajectories, clipped heat map, its colour bar, change counts
+    assert "3 steps" in repr(monitor)
+
+
+def test_a_ptq_model_is_refused_with_the_fix():
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(nn.Linear(4, 2), (torch.randn(1, 4),))
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config()))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"no fake-quantize module.*prepare_qat_pt2e"):
+        QATMonitor(prepared)
+    with pytest.raises(ConfigError, match="max_records"):
+        QATMonitor(_prepared(), max_records=1)
+    with pytest.raises(ConfigError, match="no steps yet"):
+        QATMonitor(_prepared()).plot()
