@@ -12,6 +12,10 @@ scale it has just used, and summed over the forward passes between two ``step()`
 Memory is bounded: past ``max_records`` steps per module, every other record is dropped (the
 change counts stay exact).
 
+Callbacks watch the training live: ``monitor.add_callback(fn)`` has ``fn(monitor, records)``
+called at the end of every ``step()`` with that step's records, one per module (a live view such
+as :class:`qviz.widgets.QATDashboard` redraws from them); ``remove_callback(fn)`` stops it.
+
 Example:
     >>> import torch
     >>> from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
@@ -29,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,6 +62,10 @@ class QATRecord:
     mean_abs_over_scale: float  # mean |x| / scale of those elements
     loss: float | None = None
     metric: float | None = None
+
+
+#: What :meth:`QATMonitor.add_callback` takes: ``fn(monitor, records)``.
+StepCallback = Callable[["QATMonitor", tuple[QATRecord, ...]], None]
 
 
 def _is_fake_quantize(module: nn.Module) -> bool:
@@ -126,6 +134,7 @@ class QATMonitor:
         self._records: dict[str, list[QATRecord]] = {n: [] for n in self.modules}
         self.changes = dict.fromkeys(self.modules, 0)  # exact counts, never thinned
         self.steps = 0
+        self._callbacks: list[StepCallback] = []
         self._hooks = [
             m.register_forward_hook(lambda mod, args, out, name=name: self._see(name, mod, args))
             for name, m in self.modules.items()
@@ -148,10 +157,52 @@ class QATMonitor:
             if loss is not None
             else None
         )
+        now = []
         for name, module in self.modules.items():
-            self._records[name].append(self._record(name, module, loss, metric))
+            now.append(self._record(name, module, loss, metric))
+            self._records[name].append(now[-1])
             if len(self._records[name]) > self.max_records:
                 self._records[name] = self._records[name][::2]
+        for callback in list(self._callbacks):
+            callback(self, tuple(now))
+
+    def add_callback(self, callback: StepCallback) -> StepCallback:
+        """Call ``callback(monitor, records)`` at the end of every :meth:`step`.
+
+        ``records`` are the step's :class:`QATRecord` s, one per module in the order of
+        :attr:`modules`. A callback runs inside the training loop: keep it short, or throttle
+        it (as :class:`qviz.widgets.QATDashboard` does). Adding the same callback twice calls it
+        once.
+
+        Returns:
+            ``callback``, so it can be used as a decorator.
+
+        Example:
+            >>> import torch
+            >>> from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+            >>> from torchao.testing.pt2e._xnnpack_quantizer import (XNNPACKQuantizer,
+            ...     get_symmetric_quantization_config)
+            >>> gm = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)).module()
+            >>> monitor = QATMonitor(prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(
+            ...     get_symmetric_quantization_config(is_qat=True))))
+            >>> seen = []
+            >>> fn = monitor.add_callback(lambda m, records: seen.append((m.steps, len(records))))
+            >>> monitor.step(); monitor.remove_callback(fn); monitor.step()
+            >>> seen
+            [(1, 3)]
+        """
+        if not callable(callback):
+            raise ConfigError(
+                f"add_callback needs a function fn(monitor, records), got {type(callback).__name__}"
+            )
+        if callback not in self._callbacks:
+            self._callbacks.append(callback)
+        return callback
+
+    def remove_callback(self, callback: StepCallback) -> None:
+        """Stop calling ``callback``; one that was never added is ignored."""
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
 
     def _record(self, name: str, module: nn.Module, loss, metric) -> QATRecord:
         scale = module.scale.detach().float().clone()

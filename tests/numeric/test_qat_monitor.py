@@ -114,3 +114,26 @@ def test_a_ptq_model_is_refused_with_the_fix():
         QATMonitor(_prepared(), max_records=1)
     with pytest.raises(ConfigError, match="no steps yet"):
         QATMonitor(_prepared()).plot()
+
+
+def test_callbacks_get_each_steps_records_until_removed():
+    prepared = _prepared()
+    monitor = QATMonitor(prepared)
+    seen = []
+
+    def watch(m, records):
+        seen.append((m.steps, records))
+
+    assert monitor.add_callback(watch) is watch
+    monitor.add_callback(watch)  # twice: still called once per step
+    _train(prepared, monitor, 3)
+    monitor.remove_callback(watch)
+    monitor.remove_callback(watch)  # never added (any more): ignored
+    _train(prepared, monitor, 1)
+    assert [step for step, _ in seen] == [1, 2, 3]
+    for step, records in seen:
+        assert [r.name for r in records] == list(monitor.modules)
+        kept = [r for r in monitor.records if r.step == step]
+        assert sorted(records, key=lambda r: r.name) == sorted(kept, key=lambda r: r.name)
+    with pytest.raises(ConfigError, match=r"add_callback needs a function fn\(monitor, records\)"):
+        monitor.add_callback("not callable")
