@@ -16,5 +16,12 @@ from qviz.widgets.dashboard import NumericDashboard
 from qviz.widgets.editor import AnnotationEditor
 from qviz.widgets.explorer import CalibrationExplorer
 from qviz.widgets.graph_widget import GraphWidget
+from qviz.widgets.qat_dashboard import QATDashboard
 
-__all__ = ["AnnotationEditor", "CalibrationExplorer", "GraphWidget", "NumericDashboard"]
+__all__ = [
+    "AnnotationEditor",
+    "CalibrationExplorer",
+    "GraphWidget",
+    "NumericDashboard",
+    "QATDashboard",
+]

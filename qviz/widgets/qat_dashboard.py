@@ -1,0 +1,179 @@
+"""``QATDashboard``: watch quantization-aware training live, from inside the training loop.
+
+A :class:`~qviz.numeric.QATMonitor` records every fake-quantize module at each
+``monitor.step()``; the dashboard registers a callback on it
+(:meth:`~qviz.numeric.QATMonitor.add_callback`) and redraws from those records while the cell
+is still running: the current step, loss and metric, a table of the modules (current scale,
+changes so far, the clipped share with a bar) and the monitor's figure (scale trajectories,
+clipped heat map, change counts).
+
+Drawing costs time the training does not have, so it is throttled twice: at most once every
+``every`` steps, and only when the training has run long enough since the last redraw, at
+least ``min_interval_s`` and at least as long as the last redraw took times
+``(1 - max_share) / max_share``. Rendering therefore takes at most ``max_share`` of the wall
+time (20 % by default; on the digits model a step is about 10 ms and a redraw about 0.2 s, so
+in practice it is a few per cent). A step skipped by the throttle is shown by the next redraw;
+call :meth:`QATDashboard.refresh` after the loop to show the last step.
+
+Example:
+    >>> import torch
+    >>> from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+    >>> from torchao.testing.pt2e._xnnpack_quantizer import (XNNPACKQuantizer,
+    ...     get_symmetric_quantization_config)
+    >>> from qviz.numeric import QATMonitor
+    >>> gm = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)).module()
+    >>> model = prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config(is_qat=True)))
+    >>> monitor = QATMonitor(model)
+    >>> dash = QATDashboard(monitor, every=2, min_interval_s=0, figure=False)
+    >>> for _ in range(5):
+    ...     _ = model(torch.randn(2, 4)); monitor.step(loss=1.0)
+    >>> dash.shown_step, dash.refresh().shown_step
+    (4, 5)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from qviz.errors import ConfigError
+
+__all__ = ["QATDashboard"]
+
+
+class QATDashboard:
+    """A live view of a :class:`~qviz.numeric.QATMonitor` that redraws during training.
+
+    Creating it attaches it to the monitor: each ``monitor.step()`` may redraw it (see the
+    throttle in the module docstring). Display it in a cell before the training loop runs.
+
+    Args:
+        monitor: the QATMonitor of the model being trained.
+        every: redraw at most once every ``every`` steps.
+        min_interval_s: and at most once every ``min_interval_s`` seconds of wall time.
+        max_share: the largest share of the wall time redraws may take (0 < share <= 1).
+        figure: draw the monitor's figure (the costly part); False keeps the text and table.
+        clock: the time source, in seconds (tests pass a fake one).
+
+    Attributes:
+        monitor: the monitor it shows.
+        shown_step: the step the view shows.
+        renders: how many times it has been drawn (the first when created).
+        last_render_s: seconds the last redraw took; ``render_s``: all of them together.
+        widget: the ipywidgets box (the dashboard also renders itself in Jupyter).
+
+    Raises:
+        ConfigError: ``monitor`` is not a QATMonitor, or a throttle setting is out of range.
+
+    Example:
+        >>> try:
+        ...     QATDashboard(object())
+        ... except ConfigError as exc:
+        ...     print(str(exc)[:49])
+        QATDashboard needs a qviz.numeric.QATMonitor (mon
+    """
+
+    def __init__(
+        self,
+        monitor: Any,
+        *,
+        every: int = 10,
+        min_interval_s: float = 0.5,
+        max_share: float = 0.2,
+        figure: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from qviz.numeric.qat_monitor import QATMonitor
+
+        if not isinstance(monitor, QATMonitor):
+            raise ConfigError(
+                f"QATDashboard needs a qviz.numeric.QATMonitor (monitor = QATMonitor(model) on "
+                f"the QAT-prepared model), got {type(monitor).__name__}"
+            )
+        _check(every, "every", "an int >= 1", isinstance(every, int) and every >= 1)
+        ok = isinstance(min_interval_s, int | float) and min_interval_s >= 0
+        _check(min_interval_s, "min_interval_s", "a number of seconds >= 0", ok)
+        ok = isinstance(max_share, int | float) and 0 < max_share <= 1
+        _check(max_share, "max_share", "a share in (0, 1]", ok)
+        self.monitor = monitor
+        self.every, self.min_interval_s, self.max_share = every, float(min_interval_s), max_share
+        self.figure, self._clock = bool(figure), clock
+        self.shown_step, self.renders = 0, 0
+        self.last_render_s, self.render_s = 0.0, 0.0
+        self._opened = clock()
+        self._next = -math.inf  # the earliest time of the next throttled redraw
+        self._latest = _latest_records(monitor)
+        self._build()
+        self.refresh()
+        monitor.add_callback(self._on_step)
+
+    # -- training loop side --------------------------------------------------------------------
+    def _on_step(self, monitor: Any, records: tuple[Any, ...]) -> None:
+        self._latest = records
+        if self.due():
+            self.refresh()
+
+    def due(self) -> bool:
+        """Whether the next ``monitor.step()`` redraws: ``every`` steps and enough time passed."""
+        return self.monitor.steps - self.shown_step >= self.every and self._clock() >= self._next
+
+    def refresh(self) -> QATDashboard:
+        """Redraw now, whatever the throttle says (e.g. after the loop, to show the last step)."""
+        from qviz.widgets.qat_dashboard_view import refresh_view
+
+        start = time.perf_counter()
+        refresh_view(self)
+        cost = time.perf_counter() - start
+        self.renders += 1
+        self.shown_step = self.monitor.steps
+        self.last_render_s, self.render_s = cost, self.render_s + cost
+        wait = max(self.min_interval_s, cost * (1 - self.max_share) / self.max_share)
+        self._next = self._clock() + wait
+        return self
+
+    def close(self) -> None:
+        """Detach from the monitor: later steps no longer redraw (the view stays)."""
+        self.monitor.remove_callback(self._on_step)
+
+    @property
+    def records(self) -> tuple[Any, ...]:
+        """The latest step's records, one per module (empty before the first step)."""
+        return self._latest
+
+    @property
+    def render_share(self) -> float:
+        """The share of the wall time since the dashboard was created spent redrawing it."""
+        elapsed = self._clock() - self._opened
+        return self.render_s / elapsed if elapsed > 0 else 0.0
+
+    # -- view ----------------------------------------------------------------------------------
+    def _build(self) -> None:
+        from qviz.widgets.qat_dashboard_view import build_view
+
+        build_view(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"QATDashboard({len(self.monitor.modules)} modules, step {self.monitor.steps}, "
+            f"shown step {self.shown_step}, {self.renders} renders, every={self.every}, "
+            f"min_interval_s={self.min_interval_s})"
+        )
+
+
+def _check(value: Any, name: str, wanted: str, ok: bool) -> None:
+    if not ok:
+        raise ConfigError(f"QATDashboard: {name} must be {wanted}, got {value!r}")
+
+
+def _latest_records(monitor: Any) -> tuple[Any, ...]:
+    """The records of the monitor's last step, in module order (for a monitor already trained)."""
+    if not monitor.steps:
+        return ()
+    last = {r.name: r for r in monitor.records if r.step == monitor.steps}
+    return tuple(last[n] for n in monitor.modules if n in last)
