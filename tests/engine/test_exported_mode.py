@@ -13,6 +13,11 @@ import pytest
 import torch
 import torchao.quantization.pt2e as ao
 from torch import nn
+from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e as ao_prepare_qat_pt2e
+from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer as AoXNNPACKQuantizer
+from torchao.testing.pt2e._xnnpack_quantizer import (
+    get_symmetric_quantization_config as ao_symmetric_config,
+)
 
 import qviz
 from qviz.data import digits_model
@@ -64,10 +69,24 @@ def _eager(name: str) -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(*layers).train(), torch.rand(4, 3, 6, 6)
 
 
+def _qat(gm: torch.fx.GraphModule, stage: str) -> torch.fx.GraphModule:
+    """``gm`` prepared for QAT by qviz (skipped until qviz has it) or by torchao."""
+    if stage == "qat_torchao":
+        config = ao_symmetric_config(is_per_channel=True, is_qat=True)
+        return ao_prepare_qat_pt2e(gm, AoXNNPACKQuantizer().set_global(config))
+    if not hasattr(qviz, "prepare_qat_pt2e"):
+        pytest.skip("qviz.prepare_qat_pt2e is not there yet")
+    config = get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
+    return qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config))
+
+
 def _graph(name: str, stage: str) -> tuple[nn.Module, torch.fx.GraphModule, torch.Tensor]:
-    """The eager model and its export in train mode, prepared or converted (buffers copied)."""
+    """The eager model and its export in train mode, prepared (for PTQ, or QAT by qviz or
+    torchao) or converted (buffers copied)."""
     eager, x = _eager(name)
     gm = qviz.export(copy.deepcopy(eager), (x,))
+    if stage.startswith("qat"):
+        return eager, _qat(gm, stage), x
     if stage != "exported":
         config = get_symmetric_quantization_config(is_per_channel=True)
         gm = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
@@ -97,7 +116,7 @@ def _outputs(models: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
 MODELS = ["conv_bn_relu_dropout", "conv_relu_bn_dropout", "digits"]
 
 
-@pytest.mark.parametrize("stage", ["exported", "prepared", "converted"])
+@pytest.mark.parametrize("stage", ["exported", "prepared", "converted", "qat", "qat_torchao"])
 @pytest.mark.parametrize("name", MODELS)
 def test_each_mode_runs_as_torchaos_does_bit_for_bit(name, stage):
     _, gm, x = _graph(name, stage)
@@ -211,7 +230,7 @@ def test_a_stale_state_attribute_does_not_stop_a_switch():
     assert _mode_args(gm) == [False, False]
 
 
-@pytest.mark.parametrize("stage", ["exported", "prepared", "converted"])
+@pytest.mark.parametrize("stage", ["exported", "prepared", "converted", "qat"])
 def test_after_allow_train_and_eval_switch_at_every_stage(stage):
     _, gm, x = _graph("conv_relu_bn_dropout", stage)
     with pytest.raises(NotImplementedError):
