@@ -6,8 +6,9 @@ Example:
     >>> r = QATRecord(step=3, name="activation_post_process_1", group=None, per_channel=False,
     ...               scale=0.02, scale_min=0.02, scale_max=0.02, zero_point=0.0, changed=True,
     ...               clipped=0.125, mean_abs_over_scale=30.0, loss=0.5, metric=None)
-    >>> "12.5%" in table_html([r], {"activation_post_process_1": 3})
-    True
+    >>> table = table_html([r], {"activation_post_process_1": 3})
+    >>> "12.5%" in table, "<th>group</th>" in table   # no QuantPlan group: no column
+    (True, False)
     >>> status_text(3, [r])
     'step 3 · loss 0.5'
 """
@@ -48,23 +49,26 @@ def _bar(share: float) -> str:
     width = max(0.0, min(share, 1.0)) * 100
     color = "#c0392b" if share > 0.01 else "#e67e22" if share > 0.001 else "#27ae60"
     return (
-        f'<div style="display:inline-block;width:80px;height:8px;background:#eee;'
-        f'vertical-align:middle"><div style="width:{width:.1f}%;min-width:{1 if share else 0}px;'
-        f'height:8px;background:{color}"></div></div> {share:.1%}'
+        f'<span style="display:inline-block;width:80px;height:8px;background:#eee;'
+        f'vertical-align:middle"><span style="display:block;width:{width:.1f}%;'
+        f'min-width:{1 if share else 0}px;height:8px;background:{color}"></span></span> '
+        f"{share:.1%}"
     )
 
 
 def table_html(records: Sequence[Any], changes: Mapping[str, int]) -> str:
     """One row per module: its scale now (per channel: mean [min, max]), zero_point, how many
     steps changed its qparams so far, the share it clipped at the last step and mean |x|/scale.
+    The QuantPlan group column only when the model has a plan.
     """
-    head = "".join(f"<th>{h}</th>" for h in _HEAD)
+    grouped = any(r.group is not None for r in records)
+    head = "".join(f"<th>{h}</th>" for h in _HEAD if grouped or h != "group")
     rows = []
     for r in records:
         name = html.escape(r.name.removeprefix(_PREFIX))
-        group = "" if r.group is None else str(r.group)
+        group = f"<td>{'' if r.group is None else r.group}</td>" if grouped else ""
         rows.append(
-            f"<tr><td title='{html.escape(r.name)}'>{name}</td><td>{group}</td>"
+            f"<tr><td title='{html.escape(r.name)}'>{name}</td>{group}"
             f"<td>{_scale(r)}</td><td>{r.zero_point:.3g}</td>"
             f"<td>{changes.get(r.name, 0)}</td><td>{_bar(r.clipped)}</td>"
             f"<td>{r.mean_abs_over_scale:.3g}</td></tr>"

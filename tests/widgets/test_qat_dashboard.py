@@ -152,3 +152,18 @@ def test_bad_settings_are_refused_with_the_fix(trained, kwargs, message):
 def test_a_model_instead_of_a_monitor_is_refused():
     with pytest.raises(ConfigError, match=r"QATMonitor\(model\).*got Sequential"):
         QATDashboard(nn.Sequential())
+
+
+def test_the_table_shows_quantplan_groups_and_per_channel_ranges():
+    from dataclasses import replace
+
+    from qviz.numeric.qat_monitor import QATRecord
+    from qviz.widgets.qat_dashboard_view import table_html
+
+    r = QATRecord(step=1, name="activation_post_process_0", group=None, per_channel=True,
+                  scale=0.02, scale_min=0.01, scale_max=0.04, zero_point=0.0, changed=True,
+                  clipped=0.0, mean_abs_over_scale=3.0)  # fmt: skip
+    plain = table_html([r], {})
+    assert "<th>group</th>" not in plain and "[0.01, 0.04]" in plain
+    grouped = table_html([r, replace(r, name="b", group=7, per_channel=False)], {"b": 2})
+    assert "<th>group</th>" in grouped and "<td>7</td>" in grouped and "<td>2</td>" in grouped
