@@ -8,7 +8,8 @@ previous step, the share of elements it clipped (where the straight-through grad
 and the mean ``|x| / scale`` of what it saw (how many steps of the grid the values span).
 
 The statistics of a tensor are taken by a forward hook on the fake-quantize module, with the
-scale it has just used, and summed over the forward passes between two ``step()`` calls.
+scale it has just used, on an evenly strided subset of at most ``sample`` elements (8192 by
+default; None for all), and summed over the forward passes between two ``step()`` calls.
 Memory is bounded: past ``max_records`` steps per module, every other record is dropped (the
 change counts stay exact).
 
@@ -80,6 +81,17 @@ def _groups(model: nn.Module) -> dict[str, int]:
     return {g.observer: g.id for g in groups if getattr(g, "observer", None)}
 
 
+def _strided(x: torch.Tensor, channel_axis: int | None, sample: int | None) -> torch.Tensor:
+    """``x`` as ``(channels, elements)`` (one row per tensor), every k-th element of each row
+    kept so that at most about ``sample`` elements remain (all of them when None)."""
+    rows = x.detach().movedim(channel_axis, 0).reshape(x.shape[channel_axis], -1) if (
+        channel_axis is not None
+    ) else x.detach().reshape(1, -1)  # fmt: skip
+    if sample is not None and rows.numel() > sample:
+        rows = rows[:, :: -(-rows.numel() // sample)]
+    return rows.float()
+
+
 class _Tally:
     """What one fake-quantize module saw since the last step (sums, no tensors kept)."""
 
@@ -88,18 +100,17 @@ class _Tally:
         self.total = 0
         self.abs_over_scale = 0.0
 
-    def add(self, module: nn.Module, x: torch.Tensor) -> None:
-        scale = module.scale.detach().float()
-        zero = module.zero_point.detach().float()
-        if scale.numel() > 1:  # per channel: broadcast along the module's channel axis
-            shape = [1] * x.dim()
-            shape[module.ch_axis % x.dim()] = -1
-            scale, zero = scale.reshape(shape), zero.reshape(shape)
+    def add(self, module: nn.Module, x: torch.Tensor, sample: int | None) -> None:
+        scale = module.scale.detach().float().reshape(-1, 1)
+        zero = module.zero_point.detach().float().reshape(-1, 1)
+        axis = module.ch_axis % x.dim() if scale.numel() > 1 else None
+        rows = _strided(x, axis, sample)
         inv = torch.reciprocal(scale)
-        q = torch.round(x.detach().float() * inv) + zero
+        scaled = rows * inv
+        q = torch.round(scaled) + zero
         self.clipped += float(((q < module.quant_min) | (q > module.quant_max)).sum())
-        self.total += x.numel()
-        self.abs_over_scale += float((x.detach().float().abs() * inv).sum())
+        self.total += rows.numel()
+        self.abs_over_scale += float(scaled.abs().sum())
 
 
 class QATMonitor:
@@ -110,14 +121,22 @@ class QATMonitor:
             fake-quantize modules are found by what they hold (scale, zero_point, quant_min,
             quant_max and an observer), labelled with their QuantPlan group when it has a plan.
         max_records: records kept per module; past it, every other one is dropped.
+        sample: the clipped share and mean |x| / scale of a tensor are taken on every k-th
+            element, at most about this many (per channel: in every channel alike), which
+            keeps the monitor's cost a small share of a training step; None takes them all.
 
     Raises:
         ConfigError: the model has no fake-quantize module.
     """
 
-    def __init__(self, model: nn.Module, *, max_records: int = 2000) -> None:
+    def __init__(
+        self, model: nn.Module, *, max_records: int = 2000, sample: int | None = 8192
+    ) -> None:
         if not isinstance(max_records, int) or max_records < 2:
             raise ConfigError(f"max_records must be an int >= 2, got {max_records!r}")
+        if sample is not None and (not isinstance(sample, int) or sample < 1):
+            raise ConfigError(f"sample must be a positive int or None, got {sample!r}")
+        self.sample = sample
         self.modules = {n: m for n, m in model.named_modules() if _is_fake_quantize(m)}
         if not self.modules:
             raise ConfigError(
@@ -142,7 +161,7 @@ class QATMonitor:
 
     def _see(self, name: str, module: nn.Module, args: tuple) -> None:
         if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
-            self._tally[name].add(module, args[0])
+            self._tally[name].add(module, args[0], self.sample)
 
     def step(self, loss: float | torch.Tensor | None = None, metric: float | None = None) -> None:
         """Record the current state of every module; call it after each optimizer step.

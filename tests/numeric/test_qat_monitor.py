@@ -137,3 +137,16 @@ def test_callbacks_get_each_steps_records_until_removed():
         assert sorted(records, key=lambda r: r.name) == sorted(kept, key=lambda r: r.name)
     with pytest.raises(ConfigError, match=r"add_callback needs a function fn\(monitor, records\)"):
         monitor.add_callback("not callable")
+
+
+def test_a_sampled_tally_estimates_the_full_one():
+    prepared = _prepared()
+    full, sampled = QATMonitor(prepared, sample=None), QATMonitor(prepared, sample=8)
+    prepared(torch.randn(4, 8, generator=torch.Generator().manual_seed(3)) * 4)
+    full.step()
+    sampled.step()
+    for a, b in zip(full.records, sampled.records, strict=True):
+        assert a.name == b.name and a.scale == b.scale
+        assert abs(a.clipped - b.clipped) <= 0.35 and b.mean_abs_over_scale > 0
+    with pytest.raises(ConfigError, match="sample must be a positive int"):
+        QATMonitor(prepared, sample=0)
