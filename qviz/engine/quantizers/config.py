@@ -10,10 +10,8 @@ Example:
     (torch.per_channel_symmetric, 0, -127)
     >>> config.input_activation.observer_or_fake_quant_ctr
     HistogramObserver.with_args(eps=0.000244140625)
-    >>> get_symmetric_quantization_config(is_qat=True)
-    Traceback (most recent call last):
-    ...
-    qviz.errors.ConfigError: get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz does not provide; use is_qat=False (post-training quantization)
+    >>> get_symmetric_quantization_config(is_qat=True).weight.observer_or_fake_quant_ctr
+    FusedMovingAvgObsFakeQuantize.with_args(eps=0.000244140625, observer=<class 'qviz.engine.observers.minmax.MovingAverageMinMaxObserver'>)
 """  # noqa: E501
 
 from __future__ import annotations
@@ -24,9 +22,12 @@ from typing import Any
 
 import torch
 
+from qviz.engine.fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
 from qviz.engine.observers import (
     HistogramObserver,
     MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
     PlaceholderObserver,
 )
@@ -59,7 +60,9 @@ def get_symmetric_quantization_config(
         is_per_channel: weights per output channel (``ch_axis=0``) instead of per tensor.
         is_dynamic: activations quantized at run time from each input (dynamic quantization,
             linear only); there is then no output activation spec.
-        is_qat: quantization-aware training; not supported yet (it needs fake-quantize modules).
+        is_qat: quantization-aware training: fake-quantize modules instead of observers
+            (FusedMovingAvgObsFakeQuantize with moving-average min/max observers, as torchao;
+            dynamic: FakeQuantize); use with :func:`qviz.prepare_qat_pt2e`.
         act_qmin, act_qmax: activation integer range.
         weight_qmin, weight_qmax: weight integer range (-127..127 keeps the grid symmetric).
         switchable: activation HistogramObservers also keep an |x| histogram, so that every
@@ -74,7 +77,7 @@ def get_symmetric_quantization_config(
         The config; equal arguments return the same object.
 
     Raises:
-        ConfigError: ``is_qat=True``, or a range that does not fit int8.
+        ConfigError: ``is_qat`` with ``switchable``, or a range that does not fit int8.
 
     Example:
         >>> dynamic = get_symmetric_quantization_config(is_dynamic=True)
@@ -85,14 +88,15 @@ def get_symmetric_quantization_config(
         True
     """
     _check_options(is_qat, switchable)
-    activation = _activation_spec(is_dynamic, switchable, act_qmin, act_qmax)
-    weight = _weight_spec(is_per_channel, weight_qmin, weight_qmax)
+    activation = _activation_spec(is_dynamic, switchable, act_qmin, act_qmax, is_qat)
+    weight = _weight_spec(is_per_channel, weight_qmin, weight_qmax, is_qat)
     output = None if is_dynamic else activation
     config = QuantizationConfig(activation, output, weight, None, is_qat)
     _remember_origin(
         config,
         is_per_channel=is_per_channel,
         is_dynamic=is_dynamic,
+        is_qat=is_qat,
         act_qmin=act_qmin,
         act_qmax=act_qmax,
         weight_qmin=weight_qmin,
@@ -103,18 +107,25 @@ def get_symmetric_quantization_config(
 
 
 def _check_options(is_qat: bool, switchable: Any) -> None:
-    if is_qat:
-        raise ConfigError(
-            "get_symmetric_quantization_config(is_qat=True): QAT is not supported yet: torchao's "
-            "QAT config uses fake-quantize modules (FusedMovingAvgObsFakeQuantize), which qviz "
-            "does not provide; use is_qat=False (post-training quantization)"
-        )
     if not isinstance(switchable, bool):
         raise ConfigError(f"switchable must be True or False, got {switchable!r}")
+    if is_qat and switchable:
+        raise ConfigError(
+            "get_symmetric_quantization_config(is_qat=True, switchable=True): switchable "
+            "histograms are for calibration; QAT fake-quantizes with moving-average ranges: "
+            "leave switchable out"
+        )
 
 
-def _activation_spec(is_dynamic: bool, switchable: bool, qmin: int, qmax: int) -> QuantizationSpec:
-    if is_dynamic:
+def _activation_spec(
+    is_dynamic: bool, switchable: bool, qmin: int, qmax: int, is_qat: bool
+) -> QuantizationSpec:
+    if is_qat and is_dynamic:
+        observer = MovingAverageMinMaxObserver.with_args(averaging_constant=1)
+        ctr = FakeQuantize.with_args(eps=_EPS, observer=observer)
+    elif is_qat:
+        ctr = FusedMovingAvgObsFakeQuantize.with_args(eps=_EPS)
+    elif is_dynamic:
         ctr = PlaceholderObserver.with_args(eps=_EPS)
     elif switchable:
         ctr = HistogramObserver.with_args(eps=_EPS, switchable=True)
@@ -130,11 +141,17 @@ def _activation_spec(is_dynamic: bool, switchable: bool, qmin: int, qmax: int) -
     )
 
 
-def _weight_spec(is_per_channel: bool, qmin: int, qmax: int) -> QuantizationSpec:
+def _weight_spec(is_per_channel: bool, qmin: int, qmax: int, is_qat: bool) -> QuantizationSpec:
     observer = PerChannelMinMaxObserver if is_per_channel else MinMaxObserver
+    ctr = observer.with_args(eps=_EPS)
+    if is_qat:
+        moving = MovingAveragePerChannelMinMaxObserver if is_per_channel else None
+        ctr = FusedMovingAvgObsFakeQuantize.with_args(
+            eps=_EPS, observer=moving or MovingAverageMinMaxObserver
+        )
     return QuantizationSpec(
         dtype=torch.int8,
-        observer_or_fake_quant_ctr=observer.with_args(eps=_EPS),
+        observer_or_fake_quant_ctr=ctr,
         quant_min=qmin,
         quant_max=qmax,
         qscheme=torch.per_channel_symmetric if is_per_channel else torch.per_tensor_symmetric,

@@ -51,9 +51,43 @@ def test_dynamic_activation_is_a_placeholder_with_no_output_spec() -> None:
     assert config.input_activation.is_dynamic and config.output_activation is None
 
 
-def test_qat_config_is_refused() -> None:
-    with pytest.raises(ConfigError, match="QAT is not supported yet"):
-        get_symmetric_quantization_config(is_qat=True)
+def _named(spec) -> tuple | None:
+    """``_fields`` with the observer classes passed as arguments replaced by their names."""
+    fields = _fields(spec)
+    if fields is None:
+        return None
+    name, kwargs = fields[-1]
+    return (*fields[:-1], (name, {k: _name(v) for k, v in kwargs.items()}))
+
+
+def _name(value):
+    partial = getattr(value, "p", None)  # a constructor with bound arguments
+    if partial is not None:
+        return partial.func.__name__, dict(partial.keywords)
+    return getattr(value, "__name__", value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"is_qat": True},
+        {"is_qat": True, "is_per_channel": True},
+        {"is_qat": True, "is_dynamic": True},
+    ],
+)
+def test_qat_config_matches_reference(kwargs) -> None:
+    ours, theirs = (
+        get_symmetric_quantization_config(**kwargs),
+        ref.get_symmetric_quantization_config(**kwargs),
+    )
+    for field in ("input_activation", "output_activation", "weight", "bias"):
+        assert _named(getattr(ours, field)) == _named(getattr(theirs, field)), field
+    assert ours.is_qat is theirs.is_qat is True
+
+
+def test_qat_config_refuses_switchable() -> None:
+    with pytest.raises(ConfigError, match="switchable"):
+        get_symmetric_quantization_config(is_qat=True, switchable=True)
 
 
 def test_flags_after_is_per_channel_are_keyword_only() -> None:
