@@ -24,6 +24,7 @@ from qviz.engine.exported_mode import (
 )
 from qviz.engine.onnx_export import export_onnx
 from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
+from qviz.engine.qat import prepare_qat_pt2e
 from qviz.errors import (
     AnnotationError,
     CalibrationError,
@@ -51,4 +52,5 @@ __all__ = [
     "move_exported_model_to_eval",
     "move_exported_model_to_train",
     "prepare_pt2e",
+    "prepare_qat_pt2e",
 ]

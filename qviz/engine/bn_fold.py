@@ -39,7 +39,9 @@ __all__ = [
     "CONV_OPS",
     "FOLDED_BN",
     "LINEAR_OPS",
+    "TRANSPOSED_CONV_OPS",
     "fold_batch_norm",
+    "fold_conv_bn_pair",
     "fused_conv_bn_params",
 ]
 
@@ -163,7 +165,21 @@ def _bn_class(bn: Node) -> str:
     return types[-1] if types else "torch.nn.functional.batch_norm"
 
 
-def _fold(gm: GraphModule, conv: Node, bn: Node) -> None:
+def fold_conv_bn_pair(gm: GraphModule, conv: Node, bn: Node) -> None:
+    """Fold ``bn`` into ``conv`` (or a linear) in place: fused weight and bias from ``gm``'s
+    current constants, ``bn``'s users read ``conv``. The caller checks the pair is foldable
+    (QAT's convert folds its trained pairs with it).
+
+    Example:
+        >>> import torch, qviz
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)).eval()
+        >>> gm = qviz.export(model, (torch.randn(1, 1, 5, 5),))
+        >>> conv, bn = [n for n in gm.graph.nodes if n.op == "call_function"]
+        >>> fold_conv_bn_pair(gm, conv, bn)
+        >>> [n.name for n in gm.graph.nodes if n.op == "output"][0], len(bn.users)
+        ('output', 0)
+    """
     conv.meta[FOLDED_BN] = (*conv.meta.get(FOLDED_BN, ()), _bn_class(bn))
     weight_node = conv.args[1]
     bias_node = conv.args[2] if len(conv.args) > 2 else None
@@ -201,7 +217,7 @@ def fold_batch_norm(gm: GraphModule) -> list[tuple[str, str]]:
     for bn in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in BN_OPS]:
         conv, why = _foldable(bn)
         if why is None:
-            _fold(gm, conv, bn)
+            fold_conv_bn_pair(gm, conv, bn)
         else:
             left.append((bn.name, why))
     gm.graph.eliminate_dead_code()

@@ -45,6 +45,7 @@ from qviz.engine.exported_mode import disallow_train_eval
 from qviz.engine.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
 from qviz.engine.plan import QParams, QuantPlan
 from qviz.engine.port_metadata import port_metadata
+from qviz.engine.qat_conv_bn import fold_qat_conv_bn
 from qviz.engine.stage import Stage, is_observer, model_stage
 from qviz.errors import CalibrationError, ConfigError
 
@@ -52,16 +53,22 @@ __all__ = ["convert_pt2e", "is_observer"]
 
 
 def _saw_no_data(obs: nn.Module) -> bool:
+    inner = getattr(obs, "activation_post_process", None)
+    if isinstance(inner, nn.Module) and not callable(getattr(obs, "convert", None)):
+        return _saw_no_data(inner)  # a fake-quantize module: its observer (the fused op
+        # updates the observer's min_val / max_val without calling it)
     if callable(getattr(obs, "convert", None)) and hasattr(obs, "block_size"):
         return obs.block_size is None  # affine observers learn their block size from data
     if getattr(obs, "is_dynamic", False) or getattr(obs, "dtype", None) in FLOAT_DTYPES:
         return False
     if type(obs).__name__ in ("FixedQParamsObserver", "DerivedQParamsObserver"):
         return False
-    if hasattr(obs, "num_batches"):
-        return int(obs.num_batches) == 0
-    min_val = getattr(obs, "min_val", None)  # reference observers start at +inf
-    return isinstance(min_val, torch.Tensor) and bool(torch.isinf(min_val).all())
+    if hasattr(obs, "num_batches") and int(obs.num_batches):
+        return False
+    min_val = getattr(obs, "min_val", None)  # +inf (per channel: empty) until data is seen
+    if not isinstance(min_val, torch.Tensor):
+        return int(getattr(obs, "num_batches", 1)) == 0
+    return min_val.numel() == 0 or bool(torch.isinf(min_val).all())
 
 
 def _check_calibrated(
@@ -125,6 +132,7 @@ def convert_pt2e(
         raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
     # GraphModule's deepcopy keeps the graph and state, not .plan
     gm = rebind_annotations(copy.deepcopy(model))
+    fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
     plan = getattr(model, "plan", None)
     bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
     nodes = [

@@ -39,6 +39,7 @@ from qviz.engine.specs import (
 from qviz.errors import ConfigError, closest_names
 
 __all__ = [
+    "QAT_PART",
     "FloatReason",
     "FloatRecord",
     "GroupRecord",
@@ -51,6 +52,10 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
+
+#: ``node.meta`` key of the nodes QAT adds around a trainable conv + BatchNorm (and of that
+#: BatchNorm): part of the quantized conv, folded at convert, so never reported as float.
+QAT_PART = "qviz_qat_part"
 
 #: Ops a quantizer is expected to handle; such a node without annotation is reported as float.
 QUANTIZABLE_OPS = {
@@ -325,7 +330,7 @@ def _float_records(
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in QUANTIZABLE_OPS:
             continue
-        if node.name in observed:
+        if node.name in observed or node.meta.get(QAT_PART):
             continue
         op = getattr(node.target, "__name__", str(node.target))
         if node.name in unfolded_bn:

@@ -55,7 +55,7 @@ from qviz.engine.specs import (
 from qviz.engine.stage import Stage, model_stage
 from qviz.errors import AnnotationError, ConfigError
 
-__all__ = ["annotate_pt2e", "prepare_pt2e"]
+__all__ = ["annotate_pt2e", "check_inputs", "observe_annotated", "prepare_pt2e"]
 
 _WRITTEN_BUFFER = (
     "buffer written in place: the model's state is not observed; the values written into it "
@@ -63,12 +63,20 @@ _WRITTEN_BUFFER = (
 )
 
 
-def _observer_from_spec(spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Module]) -> nn.Module:
-    """An observer for a concrete spec, built as the reference builds it (same kwargs)."""
+def _observer_from_spec(
+    spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Module], is_qat: bool = False
+) -> nn.Module:
+    """An observer (QAT: fixed qparams fake-quantize) for a concrete spec, built as the
+    reference builds it (same kwargs)."""
     if isinstance(spec, FixedQParamsQuantizationSpec):
         from qviz.engine import observers
 
-        return observers.FixedQParamsObserver.with_args(**dataclasses.asdict(spec))()
+        observer = observers.FixedQParamsObserver.with_args(**dataclasses.asdict(spec))
+        if is_qat:
+            from qviz.engine.fake_quantize import FixedQParamsFakeQuantize
+
+            return FixedQParamsFakeQuantize.with_args(observer=observer)()
+        return observer()
     if isinstance(spec, DerivedQuantizationSpec):
         missing = [describe(k) for k in spec.derived_from if k not in made]
         if missing:
@@ -100,7 +108,7 @@ def _observer_from_spec(spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Mo
     return ctor(**kwargs)
 
 
-def _make_observers(sharing: Sharing) -> dict[int, nn.Module]:
+def _make_observers(sharing: Sharing, is_qat: bool) -> dict[int, nn.Module]:
     """One observer per group; derived groups after the groups they derive from."""
     made: dict[EdgeOrNode, nn.Module] = {}
     by_group: dict[int, nn.Module] = {}
@@ -108,7 +116,7 @@ def _make_observers(sharing: Sharing) -> dict[int, nn.Module]:
         sharing.groups, key=lambda g: isinstance(sharing.spec[g], DerivedQuantizationSpec)
     )
     for g in order:
-        by_group[g] = _observer_from_spec(sharing.spec[g], made)
+        by_group[g] = _observer_from_spec(sharing.spec[g], made, is_qat)
         made.update(dict.fromkeys(sharing.groups[g], by_group[g]))
     return dict(sorted(by_group.items()))
 
@@ -149,9 +157,11 @@ def _insert_observers(gm: GraphModule, key_to_name: dict[EdgeOrNode, str]) -> No
     gm.recompile()
 
 
-def _register(gm: GraphModule, sharing: Sharing, quantizer: Any) -> tuple[dict, dict[int, str]]:
+def _register(
+    gm: GraphModule, sharing: Sharing, quantizer: Any, is_qat: bool
+) -> tuple[dict, dict[int, str]]:
     """Create, let the quantizer adjust, and register the observers; name them per group."""
-    by_group = _make_observers(sharing)
+    by_group = _make_observers(sharing, is_qat)
     key_to_obs = {k: by_group[m.group] for k, m in sharing.members.items()}
     callback = getattr(quantizer, "prepare_obs_or_fq_callback", None)
     if callback is not None:
@@ -183,18 +193,9 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
         AnnotationError: annotations that cannot be executed (unresolvable sharing, an input
             spec keyed by a node that is not an input, ...), naming the node and the chain.
     """
-    _check_inputs(model, quantizer, "prepare_pt2e")
+    check_inputs(model, quantizer, "prepare_pt2e")
     gm, unfolded = _annotated_copy(model, quantizer)
-    specs, implicit = collect_specs(gm)
-    sharing = resolve_sharing(specs, implicit=implicit)
-    key_to_name, group_names = _register(gm, sharing, quantizer)
-    unobserved = {
-        key: _WRITTEN_BUFFER
-        for key in key_to_name
-        if isinstance(key, tuple) and is_written_buffer_edge(gm, *key)
-    }
-    _insert_observers(gm, {k: v for k, v in key_to_name.items() if k not in unobserved})
-    gm.plan = build_plan(gm, sharing, specs, group_names, unfolded, unobserved)
+    observe_annotated(gm, quantizer, unfolded)
     paths = [path for _, path in loop_bodies(gm)]
     for path in paths:  # each loop body: its own observers and plan
         replace_submodule(gm, path, prepare_pt2e(gm.get_submodule(path), quantizer))
@@ -202,7 +203,48 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     return disallow_train_eval(gm)
 
 
-def _check_inputs(model: Any, quantizer: Any, where: str) -> None:
+def observe_annotated(
+    gm: GraphModule, quantizer: Any, unfolded: dict[str, str], *, is_qat: bool = False
+) -> GraphModule:
+    """Prepare's steps 3-5 on an annotated graph module, in place: sharing groups, one observer
+    (QAT: fake-quantize module, as the specs build them) per group, their calls, ``gm.plan``.
+
+    Args:
+        gm: the annotated copy; ``unfolded``: BatchNorm name -> why it was not folded.
+        quantizer: its ``prepare_obs_or_fq_callback``, if any, may adjust the observers.
+        is_qat: fixed-qparams specs become FixedQParamsFakeQuantize modules.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> gm = qviz.annotate_pt2e(qviz.export(torch.nn.Linear(4, 2).eval(), (torch.ones(1, 4),)), q)
+        >>> len(observe_annotated(gm, q, {}).plan.groups)
+        3
+    """  # noqa: E501
+    specs, implicit = collect_specs(gm)
+    sharing = resolve_sharing(specs, implicit=implicit)
+    key_to_name, group_names = _register(gm, sharing, quantizer, is_qat)
+    unobserved = {
+        key: _WRITTEN_BUFFER
+        for key in key_to_name
+        if isinstance(key, tuple) and is_written_buffer_edge(gm, *key)
+    }
+    _insert_observers(gm, {k: v for k, v in key_to_name.items() if k not in unobserved})
+    gm.plan = build_plan(gm, sharing, specs, group_names, unfolded, unobserved)
+    return gm
+
+
+def check_inputs(model: Any, quantizer: Any, where: str) -> None:
+    """ConfigError unless ``model`` is a float graph module and ``quantizer`` can annotate.
+
+    Example:
+        >>> import torch
+        >>> check_inputs(torch.nn.Linear(1, 1), None, "prepare_pt2e")
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: prepare_pt2e needs the graph module qviz.export returns, got Linear: call qviz.export(model.eval(), example_inputs) first
+    """  # noqa: E501
     if not isinstance(model, GraphModule):
         raise ConfigError(
             f"{where} needs the graph module qviz.export returns, got {type(model).__name__}: "
@@ -253,5 +295,5 @@ def annotate_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
         >>> str(linear.meta["quantization_annotation"].output_qspec.dtype)
         'torch.int8'
     """
-    _check_inputs(model, quantizer, "annotate_pt2e")
+    check_inputs(model, quantizer, "annotate_pt2e")
     return _annotated_copy(model, quantizer)[0]

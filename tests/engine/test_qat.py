@@ -1,0 +1,316 @@
+"""prepare_qat_pt2e + training + convert_pt2e against torchao's QAT flow (the reference).
+
+torchao's ``prepare_qat_pt2e`` / ``convert_pt2e`` with torchao's XNNPACKQuantizer QAT config
+against qviz's with qviz's, from the same exported train-mode graph: same initial weights, same
+batches, same SGD optimizer. Everything here is compared **bitwise** (``torch.equal``): the
+fake-quantized forward outputs after 0..N SGD steps, the trained parameters and BatchNorm
+statistics, the converted scales / zero_points, and the converted outputs. On CPU both flows run
+the same ATen ops in the same order (fused fake-quant op, conv forward/backward, batch norm), so
+nothing needs a tolerance; a tolerance would hide a reordered op.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import qviz
+from qviz.data import digits_loaders, digits_model
+from qviz.engine.constants import get_attr_value
+from qviz.engine.fake_quantize import FusedMovingAvgObsFakeQuantize, is_fake_quantize
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.errors import CalibrationError, ConfigError
+
+ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
+
+qd = torch.ops.quantized_decomposed
+
+
+def _pattern_key(pattern, example_inputs, is_cuda, kwargs) -> tuple:
+    fn = getattr(pattern, "fn", pattern)
+    cells = tuple(c.cell_contents for c in (fn.__closure__ or ()))
+    shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs)
+    named = tuple(sorted((k, tuple(v.shape)) for k, v in kwargs.items()))
+    return (fn.__qualname__, cells, shapes, is_cuda, named)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cached_reference_patterns():
+    """torchao's XNNPACK annotator and QAT passes export (strict, TorchDynamo) each of their
+    ~80 conv-bn patterns again on every annotate / prepare / convert: ~40 s per model. The
+    patterns depend only on the pattern function, its closure and the example shapes, so the
+    oracle's copies are cached for this module (a copy per use: the rewriter may change
+    them), and the conv1d / conv_transpose passes are skipped: the models here have conv2d
+    only."""
+    users = [
+        pytest.importorskip(name)
+        for name in (
+            "torchao.quantization.pt2e.utils",
+            "torchao.quantization.pt2e.qat_utils",
+            "torchao.testing.pt2e._xnnpack_quantizer_utils",
+        )
+    ]
+    original = users[0]._get_aten_graph_module_for_pattern
+    cache: dict = {}
+
+    def cached(pattern, example_inputs, is_cuda=False, **kwargs):
+        key = _pattern_key(pattern, example_inputs, is_cuda, kwargs)
+        if key not in cache:
+            cache[key] = original(pattern, example_inputs, is_cuda, **kwargs)
+        return copy.deepcopy(cache[key])
+
+    def conv2d_only(helper):
+        def run(m, conv_fn, example_inputs, is_cuda):
+            return m if conv_fn is not F.conv2d else helper(m, conv_fn, example_inputs, is_cuda)
+
+        return run
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in users:
+            patch.setattr(module, "_get_aten_graph_module_for_pattern", cached)
+        for name in ("_fuse_conv_bn_qat_helper", "_fold_conv_bn_qat_helper"):
+            patch.setattr(users[1], name, conv2d_only(getattr(users[1], name)))
+        yield
+
+
+def _ref_quantizer(is_per_channel: bool):
+    config = ref_xnnpack.get_symmetric_quantization_config(
+        is_per_channel=is_per_channel, is_qat=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "XNNPACKQuantizer is deprecated"
+        return ref_xnnpack.XNNPACKQuantizer().set_global(config)
+
+
+def _our_quantizer(is_per_channel: bool) -> XNNPACKQuantizer:
+    config = get_symmetric_quantization_config(is_per_channel=is_per_channel, is_qat=True)
+    return XNNPACKQuantizer().set_global(config)
+
+
+def _qparams(gm: torch.fx.GraphModule) -> set:
+    """Every q/dq op's qparams (per channel: each channel's scale and zero_point), as a set."""
+    ops = (qd.quantize_per_tensor.default, qd.dequantize_per_tensor.default)
+    per_tensor = {(n.target.__name__, *n.args[1:]) for n in gm.graph.nodes if n.target in ops}
+    per_channel = {
+        (
+            tuple(get_attr_value(gm, n.args[1]).tolist()),
+            tuple(get_attr_value(gm, n.args[2]).tolist()),
+            *n.args[3:],
+        )
+        for n in gm.graph.nodes
+        if n.target == qd.dequantize_per_channel.default
+    }
+    return per_tensor | per_channel
+
+
+def _train(model: nn.Module, batches: list, targets: list | None) -> list[torch.Tensor]:
+    """The forward output on each batch, one SGD step after each; then the output on batch 0."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    outputs = []
+    for i, x in enumerate(batches):
+        y = model(x)
+        outputs.append(y.detach())
+        if targets is None:
+            loss = y.square().mean()
+        else:
+            loss = nn.functional.cross_entropy(y, targets[i])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return outputs
+
+
+def _both(model: nn.Module, batches: list, targets=None, *, is_per_channel=False, dynamic=False):
+    """torchao's and qviz's prepared, trained and converted models, and their outputs."""
+    gm = qviz.export(model.train(), (batches[0],), dynamic_batch=dynamic)
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel))
+    ours = qviz.prepare_qat_pt2e(gm, _our_quantizer(is_per_channel))
+    ref_out, our_out = _train(ref, batches, targets), _train(ours, batches, targets)
+    return ref, ours, ref_out, our_out
+
+
+def _assert_same_training(ref, ours, ref_out, our_out) -> None:
+    for step, (a, b) in enumerate(zip(ref_out, our_out, strict=True)):
+        assert torch.equal(a, b), f"forward output after {step} SGD steps"
+    ref_state, our_state = ref.state_dict(), ours.state_dict()
+    for key in ref_state:  # parameters and BatchNorm statistics
+        if not key.startswith("activation_post_process_"):
+            assert torch.equal(ref_state[key], our_state[key]), key
+    # fake-quantize modules are numbered in another order: compare their states as a multiset
+    assert sorted(_fake_quant_states(ref)) == sorted(_fake_quant_states(ours))
+
+
+def _fake_quant_states(model: nn.Module) -> list[tuple]:
+    return [
+        tuple((k, v.dtype, tuple(v.flatten().tolist())) for k, v in m.state_dict().items())
+        for m in model.modules()
+        if is_fake_quantize(m)
+    ]
+
+
+def _assert_same_conversion(ref, ours, batches) -> torch.fx.GraphModule:
+    ref_q, our_q = ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+    assert _qparams(ref_q) == _qparams(our_q)
+    for x in batches:
+        assert torch.equal(ref_q(x), our_q(x))
+    return our_q
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.mean((2, 3)))
+
+
+class Residual(nn.Module):
+    """conv-bn-relu, conv-bn (no conv bias) + identity, relu, pooling, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.stem(x)
+        z = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(y)))))
+        return self.fc(torch.flatten(self.pool(torch.relu(z + y)), 1))
+
+
+def _batches(n: int, shape=(4, 3, 8, 8), seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) for _ in range(n)]
+
+
+@pytest.mark.parametrize("is_per_channel", [False, True], ids=["per_tensor", "per_channel"])
+@pytest.mark.parametrize("make", [ConvBnRelu, Residual])
+def test_toys_train_and_convert_as_torchao(make, is_per_channel) -> None:
+    torch.manual_seed(0)
+    batches = _batches(4)
+    ref, ours, ref_out, our_out = _both(make(), batches, is_per_channel=is_per_channel)
+    _assert_same_training(ref, ours, ref_out, our_out)
+    _assert_same_conversion(ref, ours, batches)
+
+
+def test_digits_model_trains_and_converts_as_torchao() -> None:
+    loaders = digits_loaders(64)
+    data = [b for b, _ in zip(loaders.train, range(4), strict=False)]
+    batches, targets = [x for x, _ in data], [t for _, t in data]
+    ref, ours, ref_out, our_out = _both(
+        digits_model(), batches, targets, is_per_channel=True, dynamic=True
+    )
+    _assert_same_training(ref, ours, ref_out, our_out)
+    test_batch = next(iter(loaders.test))[0]
+    quantized = _assert_same_conversion(ref, ours, [*batches, test_batch])
+    assert quantized.plan.groups and all(g.qparams is not None for g in quantized.plan.groups)
+
+
+@pytest.mark.slow
+def test_resnet18_trains_and_converts_as_torchao() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    batches = _batches(3, (2, 3, 32, 32))
+    ref, ours, ref_out, our_out = _both(
+        torchvision.models.resnet18(num_classes=10), batches, is_per_channel=True
+    )
+    _assert_same_training(ref, ours, ref_out, our_out)
+    _assert_same_conversion(ref, ours, batches)
+
+
+def test_prepared_model_keeps_batch_norm_training_and_the_plan_records_fake_quantizers() -> None:
+    torch.manual_seed(0)
+    model = Residual()
+    gm = qviz.export(model.train(), (_batches(1)[0],))
+    prepared = qviz.prepare_qat_pt2e(gm, _our_quantizer(True))
+    batch_norms = [n for n in prepared.graph.nodes if n.target == torch.ops.aten.batch_norm.default]
+    assert len(batch_norms) == 3 and all(n.args[5] is True for n in batch_norms)
+    for group in prepared.plan.groups:  # one fake-quantize module per group, named as observers
+        module = prepared.get_submodule(group.observer)
+        assert is_fake_quantize(module) and isinstance(module, FusedMovingAvgObsFakeQuantize)
+        assert group.spec.observer == "FusedMovingAvgObsFakeQuantize"
+    assert not prepared.plan.float_nodes  # the QAT helper ops are part of the conv
+    mean = prepared.get_submodule("bn1").running_mean.clone()
+    prepared(_batches(1, seed=3)[0])
+    assert not torch.equal(prepared.get_submodule("bn1").running_mean, mean)  # still updating
+    assert torch.equal(gm.get_submodule("bn1").running_mean, mean)  # the caller's model is not
+
+
+def test_torchao_quantizer_runs_on_qviz_engine() -> None:
+    torch.manual_seed(0)
+    batches = _batches(3)
+    gm = qviz.export(ConvBnRelu().train(), (batches[0],))
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(True))
+    ours = qviz.prepare_qat_pt2e(gm, _ref_quantizer(True))
+    _assert_same_training(ref, ours, _train(ref, batches, None), _train(ours, batches, None))
+    _assert_same_conversion(ref, ours, batches)
+
+
+def test_converted_program_saves_and_loads_bit_identical() -> None:
+    torch.manual_seed(0)
+    batches = _batches(3)
+    gm = qviz.export(Residual().train(), (batches[0],))
+    prepared = qviz.prepare_qat_pt2e(gm, _our_quantizer(True))
+    _train(prepared, batches, None)
+    quantized = qviz.convert_pt2e(prepared)
+    assert not any(n.target == torch.ops.aten.batch_norm.default for n in quantized.graph.nodes)
+    buffer = io.BytesIO()
+    torch.export.save(torch.export.export(quantized, (batches[0],)), buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer).module()
+    for x in batches:
+        assert torch.equal(loaded(x), quantized(x))
+
+
+def test_convert_refuses_fake_quantizers_that_saw_no_data() -> None:
+    gm = qviz.export(ConvBnRelu().train(), (_batches(1)[0],))
+    prepared = qviz.prepare_qat_pt2e(gm, _our_quantizer(False))
+    with pytest.raises(CalibrationError, match="saw no data"):
+        qviz.convert_pt2e(prepared)
+
+
+def test_eval_mode_batch_norm_is_refused_with_the_fix() -> None:
+    gm = qviz.export(ConvBnRelu().eval(), (_batches(1)[0],))
+    with pytest.raises(ConfigError, match=r"train\(\) mode"):
+        qviz.prepare_qat_pt2e(gm, _our_quantizer(False))
+
+
+def test_batch_norm_eps_is_the_models_own_where_torchao_assumes_1e_5() -> None:
+    """torchao's QAT conv-bn rewrite hard-codes eps=1e-5 (its TODO "allow setting eps"): with
+    BatchNorm2d(eps=0.1) its prepared model no longer computes the float model's output
+    when fake quantization is off. qviz uses the BatchNorm's eps and matches the float model."""
+    torch.manual_seed(0)
+    model = ConvBnRelu()
+    model.bn = nn.BatchNorm2d(8, eps=0.1)
+    batches = _batches(1)
+    gm = qviz.export(model.train(), (batches[0],))
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(False))
+    ours = qviz.prepare_qat_pt2e(gm, _our_quantizer(False))
+    for prepared in (ref, ours):
+        for module in prepared.modules():
+            if is_fake_quantize(module):
+                module.disable_fake_quant()
+    # train-mode BatchNorm normalizes with batch statistics, which hide the conv's scale;
+    # the running variance it keeps shows which eps the rewrite divided by
+    float_model = copy.deepcopy(model).train()
+    expected = float_model(batches[0])
+    assert torch.allclose(ours(batches[0]), expected, atol=1e-5)
+    bn = float_model.bn.running_var
+    assert torch.allclose(ours.get_submodule("bn").running_var, bn, atol=1e-6)
+    assert not torch.allclose(ref.get_submodule("bn").running_var, bn, atol=1e-6)
