@@ -110,8 +110,10 @@ def qat_conv_bn_pairs(gm: GraphModule) -> list[tuple[Node, Node]]:
     return pairs
 
 
-def _call(gm: GraphModule, target: Any, args: tuple, meta: dict, **kwargs: Any) -> Node:
-    node = gm.graph.call_function(target, args, kwargs)
+def _call(
+    gm: GraphModule, target: Any, args: tuple, meta: dict, name: str | None = None, **kwargs: Any
+) -> Node:
+    node = gm.graph.create_node("call_function", target, args, kwargs, name=name)
     node.meta[QAT_PART] = True
     if "nn_module_stack" in meta:
         node.meta["nn_module_stack"] = dict(meta["nn_module_stack"])
@@ -132,7 +134,7 @@ def _rewrite(gm: GraphModule, conv: Node, bn: Node) -> dict[str, Node | None]:
         std = _call(gm, aten.sqrt.default, (_call(gm, aten.add.Tensor, (var, eps), meta),), meta)
         factor = _call(gm, aten.div.Tensor, (bn_weight, std), meta)
         shaped = _call(gm, aten.reshape.default, (factor, weight_shape), meta)
-        scaled = _call(gm, aten.mul.Tensor, (weight, shaped), meta)
+        scaled = _call(gm, aten.mul.Tensor, (weight, shaped), meta, f"{weight.name}_scaled")
         zero_bias = None
         if bias is not None:
             dtype = getattr(x.meta.get("val"), "dtype", torch.float32)

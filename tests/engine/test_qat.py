@@ -246,6 +246,8 @@ def test_prepared_model_keeps_batch_norm_training_and_the_plan_records_fake_quan
         assert is_fake_quantize(module) and isinstance(module, FusedMovingAvgObsFakeQuantize)
         assert group.spec.observer == "FusedMovingAvgObsFakeQuantize"
     assert not prepared.plan.float_nodes  # the QAT helper ops are part of the conv
+    tensors = {str(t.tensor) for t in prepared.plan}
+    assert {"conv1_weight_scaled -> conv2d_1", "conv2_weight_scaled -> conv2d_2"} <= tensors
     mean = prepared.get_submodule("bn1").running_mean.clone()
     prepared(_batches(1, seed=3)[0])
     assert not torch.equal(prepared.get_submodule("bn1").running_mean, mean)  # still updating
