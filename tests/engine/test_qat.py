@@ -80,17 +80,19 @@ def _cached_reference_patterns():
         yield
 
 
-def _ref_quantizer(is_per_channel: bool):
+def _ref_quantizer(is_per_channel: bool, is_dynamic: bool = False):
     config = ref_xnnpack.get_symmetric_quantization_config(
-        is_per_channel=is_per_channel, is_qat=True
+        is_per_channel=is_per_channel, is_qat=True, is_dynamic=is_dynamic
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "XNNPACKQuantizer is deprecated"
         return ref_xnnpack.XNNPACKQuantizer().set_global(config)
 
 
-def _our_quantizer(is_per_channel: bool) -> XNNPACKQuantizer:
-    config = get_symmetric_quantization_config(is_per_channel=is_per_channel, is_qat=True)
+def _our_quantizer(is_per_channel: bool, is_dynamic: bool = False) -> XNNPACKQuantizer:
+    config = get_symmetric_quantization_config(
+        is_per_channel=is_per_channel, is_qat=True, is_dynamic=is_dynamic
+    )
     return XNNPACKQuantizer().set_global(config)
 
 
@@ -149,7 +151,7 @@ def _assert_same_training(ref, ours, ref_out, our_out) -> None:
 
 def _fake_quant_states(model: nn.Module) -> list[tuple]:
     return [
-        tuple((k, v.dtype, tuple(v.flatten().tolist())) for k, v in m.state_dict().items())
+        tuple((k, str(v.dtype), tuple(v.flatten().tolist())) for k, v in m.state_dict().items())
         for m in model.modules()
         if is_fake_quantize(m)
     ]
@@ -232,6 +234,21 @@ def test_resnet18_trains_and_converts_as_torchao() -> None:
     )
     _assert_same_training(ref, ours, ref_out, our_out)
     _assert_same_conversion(ref, ours, batches)
+
+
+def test_dynamic_qat_linear_as_torchao() -> None:
+    """Dynamic QAT config (FakeQuantize with a moving-average observer, averaging_constant=1,
+    on activations): training, then choose_qparams at run time after convert."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    batches = _batches(3, (5, 8))
+    gm = qviz.export(model.train(), (batches[0],))
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(False, is_dynamic=True))
+    ours = qviz.prepare_qat_pt2e(gm, _our_quantizer(False, is_dynamic=True))
+    _assert_same_training(ref, ours, _train(ref, batches, None), _train(ours, batches, None))
+    quantized = _assert_same_conversion(ref, ours, batches)
+    choose = torch.ops.quantized_decomposed.choose_qparams.tensor
+    assert sum(n.target == choose for n in quantized.graph.nodes) == 2
 
 
 def test_prepared_model_keeps_batch_norm_training_and_the_plan_records_fake_quantizers() -> None:
