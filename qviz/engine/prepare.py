@@ -245,15 +245,17 @@ def check_inputs(model: Any, quantizer: Any, where: str) -> None:
         ...
         qviz.errors.ConfigError: prepare_pt2e needs the graph module qviz.export returns, got Linear: call qviz.export(model.eval(), example_inputs) first
     """  # noqa: E501
+    qat = "qat" in where  # QAT trains the exported BatchNorms
+    mode, prepare = ("train", "prepare_qat_pt2e") if qat else ("eval", "prepare_pt2e")
     if not isinstance(model, GraphModule):
         raise ConfigError(
             f"{where} needs the graph module qviz.export returns, got {type(model).__name__}: "
-            f"call qviz.export(model.eval(), example_inputs) first"
+            f"call qviz.export(model.{mode}(), example_inputs) first"
         )
     if model_stage(model) is Stage.PREPARED:
         raise ConfigError(
             f"{where} got a model that is already prepared (it has observers): pass the float "
-            f"graph module you gave qviz.prepare_pt2e (what qviz.export returned), not its result; "
+            f"graph module you gave qviz.{prepare} (what qviz.export returned), not its result; "
             f"to change the quantization of a prepared model, prepare that float graph again with "
             f"the new quantizer"
         )

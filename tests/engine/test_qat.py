@@ -310,6 +310,15 @@ def test_eval_mode_batch_norm_is_refused_with_the_fix() -> None:
         qviz.prepare_qat_pt2e(gm, _our_quantizer(False))
 
 
+def test_wrong_inputs_are_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"qviz.export\(model.train\(\), example_inputs\)"):
+        qviz.prepare_qat_pt2e(ConvBnRelu(), _our_quantizer(False))
+    gm = qviz.export(ConvBnRelu().train(), (_batches(1)[0],))
+    prepared = qviz.prepare_qat_pt2e(gm, _our_quantizer(False))
+    with pytest.raises(ConfigError, match=r"you gave qviz\.prepare_qat_pt2e"):
+        qviz.prepare_qat_pt2e(prepared, _our_quantizer(False))
+
+
 def test_batch_norm_eps_is_the_models_own_where_torchao_assumes_1e_5() -> None:
     """torchao's QAT conv-bn rewrite hard-codes eps=1e-5 (its TODO "allow setting eps"): with
     BatchNorm2d(eps=0.1) its prepared model no longer computes the float model's output
