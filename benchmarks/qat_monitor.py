@@ -1,0 +1,77 @@
+"""What QATMonitor costs a QAT training step on the digits model.
+
+Run from the repository root (about a minute)::
+
+    .venv/bin/python benchmarks/qat_monitor.py
+
+The embedded digits model exported in train mode, prepared for QAT with the XNNPACK quantizer
+(per-channel int8 weights), one epoch of its training loader (batch 64, SGD) per round; rounds
+with and without a QATMonitor (``monitor.step(loss=...)`` after every optimizer step, its
+forward hooks tallying every fake-quantized tensor) alternate ``REPEATS`` times
+(``QVIZ_BENCH_REPEATS``, default 5), 2 threads. Printed: the median time per training step of
+each and the monitor's overhead as a share of the step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import warnings
+from statistics import median
+
+import torch
+
+import qviz
+from qviz.data import digits_loaders, digits_model
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.numeric import QATMonitor
+
+REPEATS = int(os.environ.get("QVIZ_BENCH_REPEATS", "5"))
+
+
+def _prepared():
+    torch.manual_seed(0)
+    loaders = digits_loaders(64)
+    example = next(iter(loaders.train))[0]
+    gm = qviz.export(digits_model().train(), (example,), dynamic_batch=True)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
+    return qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config)), loaders
+
+
+def _epoch(model, loaders, monitored: bool) -> tuple[float, int]:
+    model = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    monitor = QATMonitor(model) if monitored else None
+    steps = 0
+    start = time.perf_counter()
+    for images, labels in loaders.train:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        opt.step()
+        if monitor is not None:
+            monitor.step(loss=loss)
+        steps += 1
+    return time.perf_counter() - start, steps
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    warnings.simplefilter("ignore")
+    model, loaders = _prepared()
+    _epoch(model, loaders, False)  # warm-up
+    plain, watched = [], []
+    for _ in range(REPEATS):
+        seconds, steps = _epoch(model, loaders, False)
+        plain.append(seconds / steps)
+        seconds, steps = _epoch(model, loaders, True)
+        watched.append(seconds / steps)
+    p, w = median(plain), median(watched)
+    print(f"digits QAT step (batch 64, {steps} steps per round, {REPEATS} rounds, 2 threads)")
+    print(f"  without monitor {p * 1e3:7.2f} ms   with QATMonitor {w * 1e3:7.2f} ms")
+    print(f"  overhead {100 * (w - p) / p:+.1f} % of a step")
+
+
+if __name__ == "__main__":
+    main()
