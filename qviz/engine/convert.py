@@ -132,8 +132,10 @@ def convert_pt2e(
         raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
     # GraphModule's deepcopy keeps the graph and state, not .plan
     gm = rebind_annotations(copy.deepcopy(model))
-    fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
+    renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
     plan = getattr(model, "plan", None)
+    if renamed and plan is not None:
+        plan = plan.renamed(renamed)
     bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
     nodes = [
         n

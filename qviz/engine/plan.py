@@ -21,8 +21,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
@@ -232,6 +233,18 @@ class QuantPlan:
         )
         return replace(self, groups=groups)
 
+    def renamed(self, names: dict[str, str]) -> QuantPlan:
+        """A copy whose tensor references use new node names (``old -> new``): after QAT's
+        convert folds a BatchNorm, the conv computes what the BatchNorm did.
+
+        Example:
+            >>> plan = QuantPlan((), (TensorRecord(TensorRef("bn", "relu"), 0, "own spec", None,
+            ...                                    SpecSummary("observed")),))
+            >>> str(plan.renamed({"bn": "conv2d"}).tensors[0].tensor)
+            'conv2d -> relu'
+        """
+        return _renamed(self, names) if names else self
+
     def group_of_node(self, name: str) -> GroupRecord | None:
         """The group a converted graph's quantize/dequantize node (or integer weight) executes."""
         return next((g for g in self.groups if name in g.nodes), None)
@@ -288,6 +301,19 @@ class QuantPlan:
             f"QuantPlan(groups={len(self.groups)}, tensors={len(self.tensors)}, "
             f"float_nodes={len(self.float_nodes)})"
         )
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    """``value`` (records, tuples of them) with every TensorRef's node names mapped."""
+    if isinstance(value, TensorRef):
+        consumer = None if value.consumer is None else names.get(value.consumer, value.consumer)
+        return TensorRef(names.get(value.producer, value.producer), consumer)
+    if isinstance(value, tuple):
+        return tuple(_renamed(v, names) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _renamed(getattr(value, f.name), names) for f in fields(value)}
+        return replace(value, **changes)
+    return value
 
 
 def _range(s: SpecSummary) -> str:

@@ -219,14 +219,18 @@ def _num_batches_updates(gm: GraphModule, bn: Node) -> list[Node]:
     ]
 
 
-def fold_qat_conv_bn(gm: GraphModule) -> int:
-    """Fold the BatchNorm of every QAT-rewritten conv of ``gm`` (in place); how many.
+def fold_qat_conv_bn(gm: GraphModule) -> dict[str, str]:
+    """Fold the BatchNorm of every QAT-rewritten conv of ``gm`` (in place).
 
     The weight's fake-quantize call (or the scaled weight) then reads the folded weight, the
     conv the folded bias, the BatchNorm's users the conv.
+
+    Returns:
+        ``removed node name -> the node that now computes its value`` (BatchNorm -> conv,
+        scaled weight -> weight, zero bias -> bias), for the plan's records.
     """
     by_name = {n.name: n for n in gm.graph.nodes}
-    folded = 0
+    renamed: dict[str, str] = {}
     for conv in [n for n in gm.graph.nodes if QAT_CONV_BN in n.meta]:
         names = conv.meta.pop(QAT_CONV_BN)
         bn, weight = by_name[names["bn"]], by_name[names["weight"]]
@@ -241,8 +245,10 @@ def fold_qat_conv_bn(gm: GraphModule) -> int:
         if weight_input is not scaled:
             weight_input.replace_input_with(scaled, weight)
             conv.args = (conv.args[0], weight_input, *conv.args[2:])
-        folded += 1
+        renamed.update({names["bn"]: conv.name, names["scaled_weight"]: weight.name})
+        if names["zero_bias"] is not None:
+            renamed[names["zero_bias"]] = names["bias"]
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
-    return folded
+    return renamed

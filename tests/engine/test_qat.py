@@ -271,6 +271,21 @@ def test_prepared_model_keeps_batch_norm_training_and_the_plan_records_fake_quan
     assert torch.equal(gm.get_submodule("bn1").running_mean, mean)  # the caller's model is not
 
 
+def test_converted_plan_names_the_tensors_as_after_ptq() -> None:
+    """After convert the folded conv computes its BatchNorm's output and reads the weight
+    itself: the plan's records name them as PTQ's plan of the same model does."""
+    torch.manual_seed(0)
+    model, batches = Residual(), _batches(2)
+    gm = qviz.export(model.train(), (batches[0],))
+    prepared = qviz.prepare_qat_pt2e(gm, _our_quantizer(True))
+    _train(prepared, batches, None)
+    qat_plan = qviz.convert_pt2e(prepared).plan
+    ptq = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    ptq_plan = qviz.prepare_pt2e(qviz.export(model.eval(), (batches[0],)), ptq).plan
+    assert [str(t.tensor) for t in qat_plan] == [str(t.tensor) for t in ptq_plan]
+    assert [str(g.owner) for g in qat_plan.groups] == [str(g.owner) for g in ptq_plan.groups]
+
+
 def test_torchao_quantizer_runs_on_qviz_engine() -> None:
     torch.manual_seed(0)
     batches = _batches(3)
