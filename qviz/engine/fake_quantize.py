@@ -70,9 +70,10 @@ def is_fake_quantize(module: Any) -> bool:
         >>> is_fake_quantize(FakeQuantize()), is_fake_quantize(MinMaxObserver())
         (True, False)
     """
-    return isinstance(module, nn.Module) and {"fake_quant_enabled", "observer_enabled"} <= set(
-        module._buffers
-    )
+    if not isinstance(module, nn.Module):
+        return False
+    own = {name for name, _ in module.named_buffers(recurse=False)}
+    return {"fake_quant_enabled", "observer_enabled"} <= own
 
 
 class FakeQuantizeBase(nn.Module):
