@@ -78,7 +78,7 @@ def _is_fake_quantize(module: nn.Module) -> bool:
 def _groups(model: nn.Module) -> dict[str, int]:
     plan = getattr(model, "plan", None)
     groups = getattr(plan, "groups", ()) or ()
-    return {g.observer: g.id for g in groups if getattr(g, "observer", None)}
+    return {g.observer: g.group for g in groups if getattr(g, "observer", None)}
 
 
 def _strided(x: torch.Tensor, channel_axis: int | None, sample: int | None) -> torch.Tensor:

@@ -150,3 +150,27 @@ def test_a_sampled_tally_estimates_the_full_one():
         assert abs(a.clipped - b.clipped) <= 0.35 and b.mean_abs_over_scale > 0
     with pytest.raises(ConfigError, match="sample must be a positive int"):
         QATMonitor(prepared, sample=0)
+
+
+def test_a_model_prepared_by_qviz_is_labelled_with_its_plan_groups():
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 3)).train()  # fmt: skip
+    gm = qviz.export(model, (torch.randn(4, 1, 8, 8),))
+    config = get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
+    prepared = qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    monitor = QATMonitor(prepared)
+    opt = torch.optim.SGD(prepared.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = prepared(torch.randn(4, 1, 8, 8)).square().mean()
+        loss.backward()
+        opt.step()
+        monitor.step(loss=loss)
+    groups = {g.observer: g.group for g in prepared.plan.groups}
+    assert {r.name for r in monitor.records} == set(groups)  # every fake-quantize module
+    assert all(r.group == groups[r.name] for r in monitor.records)
+    assert any(r.per_channel for r in monitor.records)  # the conv's weight, BatchNorm-scaled
