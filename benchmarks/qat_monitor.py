@@ -7,9 +7,10 @@ Run from the repository root (about a minute)::
 The embedded digits model exported in train mode, prepared for QAT with the XNNPACK quantizer
 (per-channel int8 weights), one epoch of its training loader (batch 64, SGD) per round; rounds
 with and without a QATMonitor (``monitor.step(loss=...)`` after every optimizer step, its
-forward hooks tallying every fake-quantized tensor) alternate ``REPEATS`` times
-(``QVIZ_BENCH_REPEATS``, default 5), 2 threads. Printed: the median time per training step of
-each and the monitor's overhead as a share of the step.
+forward hooks tallying the fake-quantized tensors on every step, or on every 4th with
+``stats_every=4``) alternate ``REPEATS`` times (``QVIZ_BENCH_REPEATS``, default 5), 2 threads.
+Printed: the median time per training step of each and the monitor's overhead as a share of
+the step.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ def _prepared():
     return qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config)), loaders
 
 
-def _epoch(model, loaders, monitored: bool) -> tuple[float, int]:
+def _epoch(model, loaders, stats_every: int | None) -> tuple[float, int]:
+    """One epoch; ``stats_every`` None: no monitor."""
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    monitor = QATMonitor(model) if monitored else None
+    monitor = QATMonitor(model, stats_every=stats_every) if stats_every else None
     steps = 0
     start = time.perf_counter()
     for images, labels in loaders.train:
@@ -60,17 +62,21 @@ def main() -> None:
     torch.set_num_threads(2)
     warnings.simplefilter("ignore")
     model, loaders = _prepared()
-    _epoch(model, loaders, False)  # warm-up
-    plain, watched = [], []
+    _epoch(model, loaders, None)  # warm-up
+    times: dict[int | None, list[float]] = {None: [], 1: [], 4: []}
     for _ in range(REPEATS):
-        seconds, steps = _epoch(model, loaders, False)
-        plain.append(seconds / steps)
-        seconds, steps = _epoch(model, loaders, True)
-        watched.append(seconds / steps)
-    p, w = median(plain), median(watched)
+        for every, runs in times.items():
+            seconds, steps = _epoch(model, loaders, every)
+            runs.append(seconds / steps)
+    plain = median(times[None])
     print(f"digits QAT step (batch 64, {steps} steps per round, {REPEATS} rounds, 2 threads)")
-    print(f"  without monitor {p * 1e3:7.2f} ms   with QATMonitor {w * 1e3:7.2f} ms")
-    print(f"  overhead {100 * (w - p) / p:+.1f} % of a step")
+    print(f"  without monitor {plain * 1e3:7.2f} ms")
+    for every in (1, 4):
+        watched = median(times[every])
+        print(
+            f"  QATMonitor(stats_every={every}) {watched * 1e3:7.2f} ms   overhead "
+            f"{100 * (watched - plain) / plain:+.1f} % of a step"
+        )
 
 
 if __name__ == "__main__":

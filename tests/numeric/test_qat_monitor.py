@@ -174,3 +174,16 @@ def test_a_model_prepared_by_qviz_is_labelled_with_its_plan_groups():
     assert {r.name for r in monitor.records} == set(groups)  # every fake-quantize module
     assert all(r.group == groups[r.name] for r in monitor.records)
     assert any(r.per_channel for r in monitor.records)  # the conv's weight, BatchNorm-scaled
+
+
+def test_stats_every_tallies_every_nth_step_and_reads_scales_every_step():
+    import math
+
+    prepared = _prepared()
+    monitor = QATMonitor(prepared, stats_every=3)
+    _train(prepared, monitor, 7)
+    tallied = {r.step for r in monitor.records if not math.isnan(r.clipped)}
+    assert tallied == {1, 4, 7}  # the forwards before steps 1, 4 and 7
+    assert {r.step for r in monitor.records} == set(range(1, 8))  # scales: every step
+    with pytest.raises(ConfigError, match="stats_every must be a positive int"):
+        QATMonitor(prepared, stats_every=0)
