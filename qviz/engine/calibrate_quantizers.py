@@ -87,15 +87,18 @@ def _forward_arity(model: nn.Module) -> int | None:
 
 
 @contextlib.contextmanager
-def batch_errors(where: str, error: type[QvizError]) -> Iterator[None]:
-    """A batch the model rejects (shape, dtype, device) becomes ``error`` naming the batch."""
+def batch_errors(where: str, error: type[QvizError], after: str = "labels") -> Iterator[None]:
+    """A batch the model rejects (shape, dtype, device) becomes ``error`` naming the batch;
+    qviz's own errors pass as they are. ``after``: what a batch holds after the inputs."""
     try:
         with guard_errors(where, error):
             yield
+    except QvizError:
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         raise error(
             f"{where} failed in the model: {type(exc).__name__}: {exc}; check that the batches "
-            f"hold the inputs the model takes (inputs first, labels after)"
+            f"hold the inputs the model takes (inputs first, {after} after)"
         ) from exc
 
 

@@ -24,6 +24,7 @@ from qviz.errors import ConfigError
 __all__ = [
     "batch_size",
     "batches_of",
+    "check_metric",
     "checked_batches",
     "flat_tensors",
     "num_inputs",
@@ -41,6 +42,14 @@ def batches_of(data: Any, where: str) -> Iterable[Any]:
         f"{where} needs a DataLoader, an iterable of batches, or one batch; "
         f"got {type(data).__name__}"
     )
+
+
+def check_metric(metric: Any) -> None:
+    """Raise ConfigError unless ``metric`` is None or a function (float_out, quant_out, target)."""
+    if metric is not None and not callable(metric):
+        raise ConfigError(
+            f"metric must be a function (float_out, quant_out, target), got {metric!r}"
+        )
 
 
 def split_batch(batch: Any, model: Any, index: int, where: str) -> tuple[tuple[Any, ...], Any]:

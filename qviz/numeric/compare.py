@@ -63,6 +63,7 @@ from qviz.errors import ConfigError
 from qviz.numeric.batches import (
     batch_size,
     batches_of,
+    check_metric,
     flat_tensors,
     split_batch,
 )
@@ -386,10 +387,7 @@ def compare(
             f"quantized_model must be the graph module qviz.convert_pt2e returned or a model "
             f"of quant_nn layers, got {type(quantized_model).__name__}"
         )
-    if metric is not None and not callable(metric):
-        raise ConfigError(
-            f"metric must be a function (float_out, quant_out, target), got {metric!r}"
-        )
+    check_metric(metric)
     batches = iter(batches_of(data, "compare"))
     first = next(batches, None)
     if first is None:

@@ -47,10 +47,17 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
+from qviz.engine.calibrate_quantizers import batch_errors
 from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor_quantizer import TensorQuantizer
-from qviz.errors import ConfigError, QvizError
-from qviz.numeric.batches import batch_size, batches_of, flat_tensors, split_batch
+from qviz.errors import ConfigError
+from qviz.numeric.batches import (
+    batch_size,
+    batches_of,
+    check_metric,
+    flat_tensors,
+    split_batch,
+)
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 
@@ -362,30 +369,13 @@ def compare_modules(
             f"to compare a quant_nn model, float_model must be the float nn.Module it was made "
             f"from (matched by module name), got {type(float_model).__name__}"
         )
-    if metric is not None and not callable(metric):
-        raise ConfigError(
-            f"metric must be a function (float_out, quant_out, target), got {metric!r}"
-        )
+    check_metric(metric)
     _check_not_calibrating(quantized_model)
     layers = _match(float_model, quantized_model)
     hooks = _Hooks(layers)
     with _eval_mode(float_model, quantized_model), torch.no_grad():
         figures = _run(float_model, quantized_model, hooks, data, metric, progress)
     return NumericReport.from_table(_table(layers, list(hooks.order)), **figures)
-
-
-@contextlib.contextmanager
-def _batch_errors(index: int) -> Iterator[None]:
-    """A batch the model rejects becomes a ConfigError naming the batch."""
-    try:
-        yield
-    except QvizError:
-        raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        raise ConfigError(
-            f"compare: batch {index} failed in the model: {type(exc).__name__}: {exc}; check "
-            f"that the batches hold the inputs the model takes (inputs first, target after)"
-        ) from exc
 
 
 def _run(
@@ -404,10 +394,16 @@ def _run(
     for index, batch in enumerate(progress_bar(batches_of(data, "compare"), progress, "compare")):
         inputs, target = _split(batch, arity, index)
         hooks.new_batch()
-        with _batch_errors(index), hooks.installed("float"):
+        with (
+            batch_errors(f"compare: batch {index}", ConfigError, "target"),
+            hooks.installed("float"),
+        ):
             float_out = float_model(*inputs)
         hooks.calls.clear()
-        with _batch_errors(index), hooks.installed("quant"):
+        with (
+            batch_errors(f"compare: batch {index}", ConfigError, "target"),
+            hooks.installed("quant"),
+        ):
             quant_out = quantized_model(*inputs)
         for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
             outputs.update(f, q)
