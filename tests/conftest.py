@@ -78,3 +78,24 @@ def calibrated_digits():
     """``calibrated_digits(switchable=True)``: a fresh digits model, prepared for XNNPACK
     (per-channel weights) and calibrated on the calibration split."""
     return _calibrated_digits
+
+
+def _calibrated_quant_nn_digits(disabled: str | None = None):
+    import qviz
+    from qviz.data import digits_loaders, digits_model
+    from qviz.engine.quant_modules import quantize_model
+
+    model = quantize_model(digits_model())
+    data = digits_loaders(64).calibration
+    qviz.calibrate_quantizers(model, data, "entropy", max_batches=4, progress=False)
+    if disabled is not None:
+        model.get_submodule(disabled).disable()
+    return model
+
+
+@pytest.fixture(scope="session")
+def calibrated_quant_nn_digits():
+    """``calibrated_quant_nn_digits(disabled=None)``: a fresh quant_nn twin of the digits model,
+    inputs calibrated with entropy (4 batches), weights with max, the quantizer at module path
+    ``disabled`` turned off."""
+    return _calibrated_quant_nn_digits

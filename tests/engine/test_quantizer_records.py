@@ -7,9 +7,7 @@ import torch
 from torch import nn
 
 import qviz
-from qviz.data import digits_loaders, digits_model
 from qviz.engine import quant_nn
-from qviz.engine.quant_modules import quantize_model
 from qviz.engine.quantizer_records import (
     quantizer_path,
     quantizer_records,
@@ -23,14 +21,10 @@ X = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")
-def calibrated():
+def calibrated(calibrated_quant_nn_digits):
     """The digits model's quant_nn twin, inputs calibrated with entropy, block.conv2's input
     quantizer disabled."""
-    model = quantize_model(digits_model())
-    data = digits_loaders(64).calibration
-    qviz.calibrate_quantizers(model, data, "entropy", max_batches=4, progress=False)
-    model.block.conv2._input_quantizer.disable()
-    return model
+    return calibrated_quant_nn_digits("block.conv2._input_quantizer")
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ import torch
 from torch import nn
 
 import qviz
-from qviz.data import digits_loaders, digits_model
 from qviz.engine import quant_nn
-from qviz.engine.quant_modules import quantize_model
 from qviz.engine.quantizer_records import quantizer_records
 from qviz.engine.tensor_quantizer import fb_fake_quant
 from qviz.viz import graph
@@ -22,14 +20,10 @@ ARITHMETIC = {"div", "clamp_min", "reshape", "reciprocal", "round", "clamp", "mu
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(calibrated_quant_nn_digits):
     """The digits twin: inputs calibrated with entropy, weights with max (per channel),
     block.conv2's input quantizer disabled."""
-    q = quantize_model(digits_model())
-    data = digits_loaders(64).calibration
-    qviz.calibrate_quantizers(q, data, "entropy", max_batches=4, progress=False)
-    q.block.conv2._input_quantizer.disable()
-    return q
+    return calibrated_quant_nn_digits("block.conv2._input_quantizer")
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import re
 import pytest
 import torch
 
-import qviz
-from qviz.data import digits_loaders, digits_model
+from qviz.data import digits_model
 from qviz.engine.calib import HistogramCalibrator, MaxCalibrator
 from qviz.engine.quant_modules import quantize_model
 from qviz.engine.quantizer_records import QuantizerRecord
@@ -19,13 +18,9 @@ X = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="module")
-def calibrated():
+def calibrated(calibrated_quant_nn_digits):
     """Inputs calibrated with entropy (histograms), weights with max; pool's quantizer off."""
-    model = quantize_model(digits_model())
-    data = digits_loaders(64).calibration
-    qviz.calibrate_quantizers(model, data, "entropy", max_batches=4, progress=False)
-    model.pool._input_quantizer.disable()
-    return model
+    return calibrated_quant_nn_digits("pool._input_quantizer")
 
 
 @pytest.fixture
