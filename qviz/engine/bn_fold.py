@@ -65,7 +65,12 @@ TRANSPOSED_CONV_OPS = {
 }
 LINEAR_OPS = {aten.linear.default}
 BN_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default}
-_EPS_INDEX = {aten.batch_norm.default: 7, aten._native_batch_norm_legit_no_training.default: 6}
+_EPS_INDEX = {
+    aten.batch_norm.default: 7,
+    aten._native_batch_norm_legit_no_training.default: 6,
+    aten._native_batch_norm_legit.default: 7,
+    aten.cudnn_batch_norm.default: 7,
+}
 
 
 def _constant(gm: GraphModule, node: Node | None) -> torch.Tensor | None:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from qviz.engine.bn_fold import CONV_OPS, TRANSPOSED_CONV_OPS, fold_conv_bn_pair
+from qviz.engine.bn_fold import BN_OPS, CONV_OPS, TRANSPOSED_CONV_OPS, fold_conv_bn_pair
 from qviz.engine.constants import get_attr_value
 from qviz.engine.plan import QAT_PART
 from qviz.engine.specs import (
@@ -51,13 +51,22 @@ from qviz.engine.specs import (
 )
 from qviz.errors import ConfigError
 
-__all__ = ["QAT_CONV_BN", "fold_qat_conv_bn", "fuse_conv_bn_for_qat", "qat_conv_bn_pairs"]
+__all__ = [
+    "QAT_BN_OPS",
+    "QAT_CONV_BN",
+    "fold_qat_conv_bn",
+    "fuse_conv_bn_for_qat",
+    "qat_conv_bn_pairs",
+]
 
 #: ``node.meta`` key of a conv rewritten for QAT: ``{"bn", "weight", "bias", "scaled_weight",
 #: "zero_bias"}``, the names of those nodes (None where there is none).
 QAT_CONV_BN = "qviz_qat_conv_bn"
 
 aten = torch.ops.aten
+#: the ATen forms a BatchNorm after a QAT conv can take by convert: prepare's own training
+#: ``batch_norm`` and the forms other passes (exported-mode switches) rewrite it to.
+QAT_BN_OPS = BN_OPS | {aten._native_batch_norm_legit.default, aten.cudnn_batch_norm.default}
 _EPS_INDEX = 7  # aten.batch_norm.default(input, w, b, mean, var, training, momentum, eps, cudnn)
 
 
@@ -219,24 +228,72 @@ def _num_batches_updates(gm: GraphModule, bn: Node) -> list[Node]:
     ]
 
 
+def _behind_modules(node: Any) -> Any:
+    """``node`` with any fake-quantize module calls in front of it stepped over."""
+    while isinstance(node, Node) and node.op == "call_module" and node.args:
+        node = node.args[0]
+    return node
+
+
+def _qat_bn(conv: Node) -> Node:
+    """The BatchNorm after a QAT-rewritten conv, found by structure: conv -> div (-> add) ->
+    BatchNorm (any ATen form: the mode functions of torchao rewrite and rename it)."""
+    node = conv
+    for _ in range(3):
+        users = [u for u in node.users if u.op == "call_function"]
+        if len(users) != 1:
+            break
+        node = users[0]
+        if node.target in QAT_BN_OPS:
+            return node
+    raise ConfigError(
+        f"{conv.format_node()}: prepare_qat_pt2e kept this conv's BatchNorm trainable, but no "
+        f"BatchNorm follows its rescale any more (the graph was edited after prepare): convert "
+        f"the model prepare_qat_pt2e returned, after training, without rewriting the BatchNorm"
+    )
+
+
+def _qat_parts(conv: Node) -> dict[str, Node | None]:
+    """The nodes of ``conv``'s QAT rewrite, found by structure (names change when other passes
+    rewrite the graph): BatchNorm, weight, scaled weight, bias and zero bias."""
+    scaled = _behind_modules(conv.args[1])
+    zero_bias = _behind_modules(conv.args[2]) if len(conv.args) > 2 else None
+    if not (isinstance(scaled, Node) and scaled.target == aten.mul.Tensor):
+        raise ConfigError(
+            f"{conv.format_node()}: its weight input is no longer the BatchNorm-scaled weight "
+            f"prepare_qat_pt2e inserted; convert the model prepare_qat_pt2e returned"
+        )
+    bias = None
+    if isinstance(zero_bias, Node):
+        bias = zero_bias.args[0]
+    return {
+        "bn": _qat_bn(conv),
+        "weight": scaled.args[0],
+        "scaled_weight": scaled,
+        "bias": bias,
+        "zero_bias": zero_bias if isinstance(zero_bias, Node) else None,
+    }
+
+
 def fold_qat_conv_bn(gm: GraphModule) -> dict[str, str]:
     """Fold the BatchNorm of every QAT-rewritten conv of ``gm`` (in place).
 
     The weight's fake-quantize call (or the scaled weight) then reads the folded weight, the
-    conv the folded bias, the BatchNorm's users the conv.
+    conv the folded bias, the BatchNorm's users the conv. The BatchNorm and the other nodes of
+    the rewrite are found by structure, so a pass that renamed them in between (torchao's
+    ``move_exported_model_to_eval``, for one) does not matter.
 
     Returns:
         ``removed node name -> the node that now computes its value`` (BatchNorm -> conv,
         scaled weight -> weight, zero bias -> bias), for the plan's records.
     """
-    by_name = {n.name: n for n in gm.graph.nodes}
     renamed: dict[str, str] = {}
     for conv in [n for n in gm.graph.nodes if QAT_CONV_BN in n.meta]:
-        names = conv.meta.pop(QAT_CONV_BN)
-        bn, weight = by_name[names["bn"]], by_name[names["weight"]]
-        scaled = by_name[names["scaled_weight"]]
-        bias = by_name[names["bias"]] if names["bias"] else None
+        recorded = conv.meta.pop(QAT_CONV_BN)
+        parts = _qat_parts(conv)
+        bn, weight, scaled, bias = (parts[k] for k in ("bn", "weight", "scaled_weight", "bias"))
         weight_input = conv.args[1]  # the fake-quantize call on the scaled weight, or it
+        bias_input = conv.args[2] if len(conv.args) > 2 else None  # a derived spec's, or zeros
         conv.args = (conv.args[0], weight, bias, *conv.args[3:])
         bn.replace_input_with(bn.args[0], conv)
         for update in _num_batches_updates(gm, bn):
@@ -245,9 +302,16 @@ def fold_qat_conv_bn(gm: GraphModule) -> dict[str, str]:
         if weight_input is not scaled:
             weight_input.replace_input_with(scaled, weight)
             conv.args = (conv.args[0], weight_input, *conv.args[2:])
-        renamed.update({names["bn"]: conv.name, names["scaled_weight"]: weight.name})
-        if names["zero_bias"] is not None:
-            renamed[names["zero_bias"]] = names["bias"]
+        if isinstance(bias_input, Node) and bias_input is not parts["zero_bias"]:
+            # the bias was annotated (a derived spec, say): quantize the folded bias with it
+            bias_input.replace_input_with(parts["zero_bias"], conv.args[2])
+            conv.args = (*conv.args[:2], bias_input, *conv.args[3:])
+        # the plan recorded the names prepare gave; map those (and any new name) to the survivors
+        for key, survivor in (("bn", conv), ("scaled_weight", weight), ("zero_bias", bias)):
+            if survivor is None:
+                continue
+            for name in {recorded.get(key), getattr(parts[key], "name", None)} - {None}:
+                renamed[name] = survivor.name
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
