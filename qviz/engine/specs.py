@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -222,12 +223,32 @@ def as_qspec(spec: Any, where: str = "") -> QuantizationSpecBase | None:
     for cls, required in _KINDS:
         if all(hasattr(spec, name) for name in required):
             names = cls.__dataclass_fields__
-            return cls(**{n: getattr(spec, n) for n in names if hasattr(spec, n)})
+            fields = {n: getattr(spec, n) for n in names if hasattr(spec, n)}
+            return cls(**_default_ch_axis(fields, where))
     raise ConfigError(
         f"{where or 'annotation'}: {type(spec).__name__} is not a quantization spec; use "
         f"QuantizationSpec, SharedQuantizationSpec, FixedQParamsQuantizationSpec or "
         f"DerivedQuantizationSpec"
     )
+
+
+def _default_ch_axis(fields: dict[str, Any], where: str) -> dict[str, Any]:
+    """A foreign per-channel spec without ``ch_axis`` gets 0, with a warning naming the edge.
+
+    torchao accepts such a spec and its per-channel observers then use their own default axis,
+    0 (the output channels of conv and linear weights, the input channels of a transposed conv
+    weight); qviz's own QuantizationSpec asks for the axis instead.
+    """
+    if fields.get("qscheme") not in _PER_CHANNEL or fields.get("ch_axis") is not None:
+        return fields
+    warnings.warn(
+        f"{where or 'annotation'}: a per-channel spec ({fields['qscheme']}) without ch_axis; "
+        f"using ch_axis=0 as torchao's per-channel observers do (the output channels of a conv "
+        f"or linear weight, the input channels of a transposed conv's): set ch_axis in the "
+        f"quantizer's spec to choose",
+        stacklevel=4,
+    )
+    return fields | {"ch_axis": 0}
 
 
 def as_annotation(annotation: Any, node: Node) -> QuantizationAnnotation:
