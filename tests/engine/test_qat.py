@@ -29,6 +29,7 @@ from qviz.errors import CalibrationError, ConfigError
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
+ref_quantizer = pytest.importorskip("torchao.quantization.pt2e.quantizer")
 
 qd = torch.ops.quantized_decomposed
 
@@ -138,12 +139,12 @@ def _both(model: nn.Module, batches: list, targets=None, *, is_per_channel=False
     return ref, ours, ref_out, our_out
 
 
-def _assert_same_training(ref, ours, ref_out, our_out) -> None:
+def _assert_same_training(ref, ours, ref_out, our_out, skip: str = "activation_post_process_"):
     for step, (a, b) in enumerate(zip(ref_out, our_out, strict=True)):
         assert torch.equal(a, b), f"forward output after {step} SGD steps"
     ref_state, our_state = ref.state_dict(), ours.state_dict()
     for key in ref_state:  # parameters and BatchNorm statistics
-        if not key.startswith("activation_post_process_"):
+        if not key.startswith("activation_post_process_") and skip not in key:
             assert torch.equal(ref_state[key], our_state[key]), key
     # fake-quantize modules are numbered in another order: compare their states as a multiset
     assert sorted(_fake_quant_states(ref)) == sorted(_fake_quant_states(ours))
@@ -293,6 +294,131 @@ def test_torchao_quantizer_runs_on_qviz_engine() -> None:
     ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(True))
     ours = qviz.prepare_qat_pt2e(gm, _ref_quantizer(True))
     _assert_same_training(ref, ours, _train(ref, batches, None), _train(ours, batches, None))
+    _assert_same_conversion(ref, ours, batches)
+
+
+def test_a_torchao_per_channel_spec_without_ch_axis_uses_axis_0_as_torchao_with_a_warning() -> None:
+    """torchao's own QAT tests build per-channel weight specs without ch_axis; its observers then
+    use axis 0. qviz follows (bitwise) and says so; its own QuantizationSpec asks for the axis."""
+    import dataclasses
+
+    torch.manual_seed(0)
+    batches = _batches(3)
+    gm = qviz.export(ConvBnRelu().train(), (batches[0],))
+    config = ref_xnnpack.get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
+    config = dataclasses.replace(config, weight=dataclasses.replace(config.weight, ch_axis=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "XNNPACKQuantizer is deprecated"
+        quantizer = ref_xnnpack.XNNPACKQuantizer().set_global(config)
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), quantizer)
+    with pytest.warns(UserWarning, match=r"conv2d.*without ch_axis; using ch_axis=0"):
+        ours = qviz.prepare_qat_pt2e(gm, quantizer)
+    _assert_same_training(ref, ours, _train(ref, batches, None), _train(ours, batches, None))
+    _assert_same_conversion(ref, ours, batches)
+    with pytest.raises(ConfigError, match="needs ch_axis"):
+        qviz.engine.specs.QuantizationSpec(
+            torch.int8, FusedMovingAvgObsFakeQuantize, qscheme=torch.per_channel_symmetric
+        )
+
+
+class _DerivedBiasQuantizer(ref_quantizer.Quantizer):
+    """Annotates the conv of ConvBnRelu with torchao's classes: uint8 input and weight, and an
+    int32 bias whose scale is derived from theirs (input scale * weight scale)."""
+
+    def __init__(self, per_channel: bool) -> None:
+        super().__init__()
+        self.per_channel = per_channel
+
+    def _derive(self, obs_or_fqs):
+        act_scale, _ = obs_or_fqs[0].calculate_qparams()
+        weight_scale, _ = obs_or_fqs[1].calculate_qparams()
+        scale = act_scale * weight_scale
+        return scale.reshape(-1).float(), torch.zeros_like(scale.reshape(-1), dtype=torch.int32)
+
+    def annotate(self, gm):
+        from torchao.quantization.pt2e import fake_quantize as tfq
+        from torchao.quantization.pt2e import observer as tob
+
+        DerivedQuantizationSpec = ref_quantizer.DerivedQuantizationSpec
+        QuantizationAnnotation = ref_quantizer.QuantizationAnnotation
+        QuantizationSpec = ref_quantizer.QuantizationSpec
+
+        conv = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.conv2d.default)
+        scheme = torch.per_channel_symmetric if self.per_channel else torch.per_tensor_affine
+        weight_fq = tfq.FusedMovingAvgObsFakeQuantize.with_args(
+            observer=tob.MovingAveragePerChannelMinMaxObserver
+            if self.per_channel
+            else tob.MovingAverageMinMaxObserver,
+            quant_min=0,
+            quant_max=255,
+            dtype=torch.quint8,
+            qscheme=scheme,
+        )
+        act = QuantizationSpec(torch.uint8, tfq.default_fake_quant, 0, 255, torch.per_tensor_affine)
+        weight = QuantizationSpec(
+            torch.uint8, weight_fq, 0, 255, scheme, 0 if self.per_channel else None
+        )
+        bias = DerivedQuantizationSpec(
+            derived_from=[(conv.args[0], conv), (conv.args[1], conv)],
+            derive_qparams_fn=self._derive,
+            dtype=torch.int32,
+            quant_min=-(2**31),
+            quant_max=2**31 - 1,
+            qscheme=scheme,
+            ch_axis=0 if self.per_channel else None,
+        )
+        conv.meta["quantization_annotation"] = QuantizationAnnotation(
+            input_qspec_map={conv.args[0]: act, conv.args[1]: weight, conv.args[2]: bias},
+            _annotated=True,
+        )
+        return gm
+
+    def validate(self, gm) -> None:
+        pass
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+def test_a_derived_bias_spec_quantizes_the_folded_bias_as_torchao(per_channel) -> None:
+    torch.manual_seed(0)
+    batches = _batches(3)
+    gm = qviz.export(ConvBnRelu().train(), (batches[0],))
+    quantizer = _DerivedBiasQuantizer(per_channel)
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), quantizer)
+    ours = qviz.prepare_qat_pt2e(gm, quantizer)
+    _assert_same_training(ref, ours, _train(ref, batches, None), _train(ours, batches, None))
+    converted = _assert_same_conversion(ref, ours, batches)
+    conv = next(n for n in converted.graph.nodes if n.target == torch.ops.aten.conv2d.default)
+    x_dq, w_dq, b_dq = conv.args[:3]
+    per = "per_channel" if per_channel else "per_tensor"
+    assert b_dq.target == getattr(qd, f"dequantize_{per}").default
+    assert b_dq.args[0].op == "get_attr" and b_dq.args[-1] == torch.int32
+    bias_scale = get_attr_value(converted, b_dq.args[1]) if per_channel else b_dq.args[1]
+    weight_scale = get_attr_value(converted, w_dq.args[1]) if per_channel else w_dq.args[1]
+    expected = torch.as_tensor(x_dq.args[1]) * torch.as_tensor(weight_scale)
+    assert torch.equal(torch.as_tensor(bias_scale, dtype=torch.float32), expected.float())
+
+
+def test_freezing_batch_norm_part_way_trains_as_the_pt2e_tutorials_recipe() -> None:
+    """Oracle: torchao's QAT tutorial freezes BatchNorm statistics by setting the training
+    argument of each batch_norm node to False; qviz.freeze_bn_stats does it (and stops the batch
+    counters, which the recipe leaves counting): the same training, bit for bit."""
+    torch.manual_seed(0)
+    batches = _batches(5)
+    gm = qviz.export(Residual().train(), (batches[0],))
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(True))
+    ours = qviz.prepare_qat_pt2e(gm, _our_quantizer(True))
+    ref_out, our_out = _train(ref, batches[:2], None), _train(ours, batches[:2], None)
+    for node in ref.graph.nodes:  # the tutorial's recipe
+        if node.target == torch.ops.aten.batch_norm.default:
+            node.args = (*node.args[:5], False, *node.args[6:])
+    ref.recompile()
+    frozen = {k: v.clone() for k, v in ours.state_dict().items() if "running" in k}
+    qviz.freeze_bn_stats(ours)
+    ref_out += _train(ref, batches[2:], None)
+    our_out += _train(ours, batches[2:], None)
+    _assert_same_training(ref, ours, ref_out, our_out, skip="num_batches_tracked")
+    for key, value in frozen.items():
+        assert torch.equal(ours.state_dict()[key], value), key
     _assert_same_conversion(ref, ours, batches)
 
 
