@@ -19,8 +19,10 @@ from qviz.engine.capture import export
 from qviz.engine.convert import convert_pt2e
 from qviz.engine.exported_mode import (
     allow_exported_model_train_eval,
+    freeze_bn_stats,
     move_exported_model_to_eval,
     move_exported_model_to_train,
+    update_bn_stats,
 )
 from qviz.engine.onnx_export import export_onnx
 from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
@@ -49,8 +51,10 @@ __all__ = [
     "convert_pt2e",
     "export",
     "export_onnx",
+    "freeze_bn_stats",
     "move_exported_model_to_eval",
     "move_exported_model_to_train",
     "prepare_pt2e",
     "prepare_qat_pt2e",
+    "update_bn_stats",
 ]

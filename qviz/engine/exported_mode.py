@@ -52,8 +52,10 @@ from qviz.errors import ConfigError, ExportedModeError
 __all__ = [
     "allow_exported_model_train_eval",
     "disallow_train_eval",
+    "freeze_bn_stats",
     "move_exported_model_to_eval",
     "move_exported_model_to_train",
+    "update_bn_stats",
 ]
 
 aten = torch.ops.aten
@@ -74,6 +76,10 @@ MODE_ARG = {
 #: torchao's attribute for the mode a graph module was last moved to, shared so that mixing
 #: qviz's and torchao's functions on one model keeps a single state.
 EXPORTED_TRAINING_ATTR = "_exported_training"
+
+#: ``node.meta`` key of a batch_norm frozen by :func:`freeze_bn_stats`: the training flag it
+#: had when frozen.
+BN_FROZEN = "qviz_bn_frozen"
 
 _WHY = (
     "train() and eval() do not change an exported graph: its dropout and batch-norm ops were "
@@ -135,26 +141,38 @@ def _is_batch_counter(node: Node) -> bool:
     )
 
 
+def _bn_owner(node: Node) -> str | None:
+    """The module path of a batch_norm node's buffers (from its ``running_mean``)."""
+    mean = node.args[3] if len(node.args) > 3 else None
+    if isinstance(mean, Node) and mean.op == "get_attr":
+        return str(mean.target).rpartition(".")[0]
+    return None
+
+
+def _mode_updates(graph: torch.fx.Graph, training: bool) -> list[tuple[Node, int, object]]:
+    """``(node, argument index, value)`` for every mode-dependent op and batch counter in
+    ``training`` mode; a BatchNorm frozen by :func:`freeze_bn_stats` (and its counter) stays
+    in eval."""
+    frozen = {
+        _bn_owner(n)
+        for n in graph.nodes
+        if n.op == "call_function" and n.meta.get(BN_FROZEN) is not None
+    }
+    updates: list[tuple[Node, int, object]] = []
+    for node in graph.nodes:
+        index = MODE_ARG.get(node.target) if node.op == "call_function" else None
+        if index is not None and len(node.args) > index:
+            updates.append((node, index, training and node.meta.get(BN_FROZEN) is None))
+        elif _is_batch_counter(node):
+            owner = str(node.args[0].target).rpartition(".")[0]
+            updates.append((node, 1, int(training and owner not in frozen)))
+    return updates
+
+
 def _set_mode(graph: torch.fx.Graph, training: bool) -> None:
     """Set the mode argument of every mode-dependent op, and the step of each batch counter."""
-    for node in graph.nodes:
-        index = MODE_ARG.get(node.target) if node.op == "call_function" else None
-        if index is not None and len(node.args) > index:
-            node.update_arg(index, training)
-        elif _is_batch_counter(node):
-            node.update_arg(1, int(training))
-
-
-def _mode_args(graph: torch.fx.Graph) -> list[object]:
-    """The current mode argument of every mode-dependent op and step of every batch counter."""
-    args = []
-    for node in graph.nodes:
-        index = MODE_ARG.get(node.target) if node.op == "call_function" else None
-        if index is not None and len(node.args) > index:
-            args.append(bool(node.args[index]))
-        elif _is_batch_counter(node):
-            args.append(bool(node.args[1]))
-    return args
+    for node, index, value in _mode_updates(graph, training):
+        node.update_arg(index, value)
 
 
 def _move(model: GraphModule, training: bool) -> GraphModule:
@@ -166,7 +184,9 @@ def _move(model: GraphModule, training: bool) -> GraphModule:
     """
     graphs = [m for m in model.modules() if isinstance(m, GraphModule)]
     if getattr(model, EXPORTED_TRAINING_ATTR, not training) == training and all(
-        arg == training for m in graphs for arg in _mode_args(m.graph)
+        node.args[i] == value and type(node.args[i]) is type(value)
+        for m in graphs
+        for node, i, value in _mode_updates(m.graph, training)
     ):
         return model
     for module in graphs:
@@ -273,4 +293,105 @@ def allow_exported_model_train_eval(model: GraphModule) -> GraphModule:
     _check_exported(model, "allow_exported_model_train_eval")
     model.train = types.MethodType(_train, model)  # type: ignore[method-assign]
     model.eval = types.MethodType(_eval, model)  # type: ignore[method-assign]
+    return model
+
+
+def _batch_norms(model: GraphModule, where: str) -> list[tuple[GraphModule, Node]]:
+    found = [
+        (m, n)
+        for m in model.modules()
+        if isinstance(m, GraphModule)
+        for n in m.graph.nodes
+        if n.op == "call_function" and n.target == aten.batch_norm.default
+    ]
+    if not found:
+        raise ConfigError(
+            f"{where}: the graph has no batch_norm whose statistics can update (a model exported "
+            f"in eval mode, or prepared for PTQ, has its BatchNorms folded or fixed): export "
+            f"the model in train mode and prepare it with qviz.prepare_qat_pt2e"
+        )
+    return found
+
+
+def _recompile(found: list[tuple[GraphModule, Node]]) -> None:
+    for module in {id(m): m for m, _ in found}.values():
+        module.graph.lint()
+        module.recompile()
+
+
+def freeze_bn_stats(model: GraphModule) -> GraphModule:
+    """Stop the BatchNorms of an exported (QAT-prepared) model updating their statistics.
+
+    The PT2E counterpart of torch.ao's ``freeze_bn_stats``: every ``batch_norm`` of the graph
+    normalizes with ``running_mean`` / ``running_var`` and leaves them (and
+    ``num_batches_tracked``) alone, while dropout, fake quantization and the weights keep
+    training. QAT recipes freeze them for the last epochs, so the statistics the conversion
+    folds into the convs are the ones the model trained with. The freeze survives
+    :func:`move_exported_model_to_train` / ``_to_eval`` until :func:`update_bn_stats`.
+
+    Args:
+        model: a graph module from :func:`qviz.export` in train mode, or prepared from one.
+
+    Returns:
+        ``model`` itself, changed in place.
+
+    Raises:
+        ConfigError: ``model`` is not an exported graph module, or has no batch_norm to freeze.
+
+    Example:
+        >>> import torch, qviz
+        >>> model = torch.nn.Sequential(torch.nn.BatchNorm1d(3)).train()
+        >>> gm = qviz.export(model, (torch.randn(4, 3),))
+        >>> before = gm.state_dict()["0.running_mean"].clone()
+        >>> _ = qviz.freeze_bn_stats(gm)(torch.randn(4, 3) + 5)
+        >>> torch.equal(gm.state_dict()["0.running_mean"], before)
+        True
+        >>> _ = qviz.update_bn_stats(gm)(torch.randn(4, 3) + 5)
+        >>> torch.equal(gm.state_dict()["0.running_mean"], before)
+        False
+    """
+    found = _batch_norms(_check_exported(model, "freeze_bn_stats"), "freeze_bn_stats")
+    for _, node in found:
+        if node.meta.get(BN_FROZEN) is None:
+            node.meta[BN_FROZEN] = bool(node.args[MODE_ARG[node.target]])
+    for module in {id(m): m for m, _ in found}.values():
+        for node, index, value in _mode_updates(module.graph, True):
+            if not value:  # only what the freeze turns off
+                node.update_arg(index, value)
+    _recompile(found)
+    return model
+
+
+def update_bn_stats(model: GraphModule) -> GraphModule:
+    """Undo :func:`freeze_bn_stats`: the BatchNorms update their statistics again in train mode.
+
+    Each batch_norm gets back the mode the model is in (the last
+    :func:`move_exported_model_to_train` / ``_to_eval``, else the mode it had when frozen).
+
+    Args:
+        model: a graph module :func:`freeze_bn_stats` was called on.
+
+    Returns:
+        ``model`` itself, changed in place.
+
+    Raises:
+        ConfigError: ``model`` is not an exported graph module, or has no batch_norm.
+
+    Example:
+        >>> import torch, qviz
+        >>> gm = qviz.export(torch.nn.BatchNorm1d(3).train(), (torch.randn(4, 3),))
+        >>> n = [n for n in qviz.update_bn_stats(qviz.freeze_bn_stats(gm)).graph.nodes
+        ...      if n.target == torch.ops.aten.batch_norm.default][0]
+        >>> n.args[5]
+        True
+    """
+    found = _batch_norms(_check_exported(model, "update_bn_stats"), "update_bn_stats")
+    was = {id(node): node.meta.pop(BN_FROZEN, None) for _, node in found}
+    default = next((w for w in was.values() if w is not None), False)
+    training = getattr(model, EXPORTED_TRAINING_ATTR, default)
+    for module in {id(m): m for m, _ in found}.values():
+        for node, index, value in _mode_updates(module.graph, bool(training)):
+            if id(node) in was or _is_batch_counter(node):
+                node.update_arg(index, value)
+    _recompile(found)
     return model

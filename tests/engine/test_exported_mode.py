@@ -265,6 +265,8 @@ def test_prepare_and_convert_of_an_allowed_model_refuse_again():
         qviz.move_exported_model_to_eval,
         qviz.move_exported_model_to_train,
         qviz.allow_exported_model_train_eval,
+        qviz.freeze_bn_stats,
+        qviz.update_bn_stats,
     ],
 )
 def test_a_model_that_is_not_an_exported_graph_is_a_config_error(function):
@@ -274,3 +276,52 @@ def test_a_model_that_is_not_an_exported_graph_is_a_config_error(function):
     with pytest.raises(ConfigError, match=r"not made by torch\.export"):
         function(torch.fx.symbolic_trace(model))
     assert model.training  # untouched
+
+
+def _eager_with_frozen_bn():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=0.3), nn.Dropout(0.3), nn.ReLU(),
+        nn.Flatten(), nn.Linear(36, 5), nn.BatchNorm1d(5),
+    )  # fmt: skip
+
+
+def test_frozen_batch_norms_run_as_eager_bn_eval_and_stay_frozen_across_mode_switches():
+    """Oracle: the eager model in train() with its BatchNorms in eval() (what eager QAT's
+    freeze_bn_stats amounts to): outputs with the same seed and every buffer, bit for bit."""
+    eager = _eager_with_frozen_bn().train()
+    x = torch.randn(4, 3, 5, 5)
+    gm = qviz.export(copy.deepcopy(eager), (x,))
+    before = {k: v.clone() for k, v in gm.state_dict().items()}
+    assert qviz.freeze_bn_stats(gm) is gm
+    for bn in (eager[1], eager[6]):
+        bn.eval()
+    for switch in (None, qviz.move_exported_model_to_eval, qviz.move_exported_model_to_train):
+        if switch is not None:
+            switch(gm)
+        eager.train(switch is not qviz.move_exported_model_to_eval)
+        for bn in (eager[1], eager[6]):
+            bn.eval()
+        torch.manual_seed(1)
+        ours = gm(x)
+        torch.manual_seed(1)
+        assert torch.equal(ours, eager(x)), switch
+        for key, value in gm.state_dict().items():  # statistics and batch counters unchanged
+            assert torch.equal(value, before[key]), (switch, key)
+    assert qviz.update_bn_stats(gm) is gm  # back to the model's mode: train
+    eager.train()
+    torch.manual_seed(2)
+    ours = gm(x)
+    torch.manual_seed(2)
+    assert torch.equal(ours, eager(x))
+    assert torch.equal(gm.state_dict()["1.running_var"], eager[1].running_var)
+    assert int(gm.state_dict()["6.num_batches_tracked"]) == 1
+
+
+def test_freezing_a_model_without_trainable_batch_norm_is_refused_with_the_fix():
+    gm = qviz.export(_eager_with_frozen_bn().eval(), (torch.randn(2, 3, 5, 5),))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )  # eval export: the BatchNorms are folded
+    with pytest.raises(ConfigError, match=r"freeze_bn_stats: .*no batch_norm.*prepare_qat_pt2e"):
+        qviz.freeze_bn_stats(prepared)
