@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from qviz.errors import ConfigError
+from qviz.numeric.qat_tally import Pending, Tally, sample_rows, tally_all
 
 __all__ = ["QATMonitor", "QATRecord"]
 
@@ -82,36 +83,12 @@ def _groups(model: nn.Module) -> dict[str, int]:
     return {g.observer: g.group for g in groups if getattr(g, "observer", None)}
 
 
-def _strided(x: torch.Tensor, channel_axis: int | None, sample: int | None) -> torch.Tensor:
-    """``x`` as ``(channels, elements)`` (one row per tensor), every k-th element of each row
-    kept so that at most about ``sample`` elements remain (all of them when None)."""
-    rows = x.detach().movedim(channel_axis, 0).reshape(x.shape[channel_axis], -1) if (
-        channel_axis is not None
-    ) else x.detach().reshape(1, -1)  # fmt: skip
-    if sample is not None and rows.numel() > sample:
-        rows = rows[:, :: -(-rows.numel() // sample)]
-    return rows.float()
-
-
-class _Tally:
-    """What one fake-quantize module saw since the last step (sums, no tensors kept)."""
-
-    def __init__(self) -> None:
-        self.clipped = 0.0
-        self.total = 0
-        self.abs_over_scale = 0.0
-
-    def add(self, module: nn.Module, x: torch.Tensor, sample: int | None) -> None:
-        scale = module.scale.detach().float().reshape(-1, 1)
-        zero = module.zero_point.detach().float().reshape(-1, 1)
-        axis = module.ch_axis % x.dim() if scale.numel() > 1 else None
-        rows = _strided(x, axis, sample)
-        inv = torch.reciprocal(scale)
-        scaled = rows * inv
-        q = torch.round(scaled) + zero
-        self.clipped += float(((q < module.quant_min) | (q > module.quant_max)).sum())
-        self.total += rows.numel()
-        self.abs_over_scale += float(scaled.abs().sum())
+def _read_qparams(scale: torch.Tensor, zero: torch.Tensor) -> tuple[float, float, float, float]:
+    """(mean, min, max of the scale, mean zero_point) in one read from the device."""
+    scale = scale.float().reshape(-1)
+    stats = torch.stack([scale.mean(), scale.min(), scale.max(), zero.float().mean()])
+    mean, low, high, zero_point = stats.tolist()
+    return mean, low, high, zero_point
 
 
 class QATMonitor:
@@ -159,24 +136,46 @@ class QATMonitor:
             )
         self.max_records = max_records
         self._group = _groups(model)
-        self._tally = {n: _Tally() for n in self.modules}
+        self._tally = {n: Tally() for n in self.modules}
+        self._pending: dict[str, Pending] = {}
         self._last: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(
             self.modules
         )
+        self._read: dict[str, tuple[float, float, float, float]] = {}
         self._records: dict[str, list[QATRecord]] = {n: [] for n in self.modules}
         self.changes = dict.fromkeys(self.modules, 0)  # exact counts, never thinned
         self.steps = 0
         self._callbacks: list[StepCallback] = []
         self._hooks = [
-            m.register_forward_hook(lambda mod, args, out, name=name: self._see(name, mod, args))
+            hook
             for name, m in self.modules.items()
+            for hook in (
+                m.register_forward_pre_hook(lambda mod, args, name=name: self._flush(name)),
+                m.register_forward_hook(
+                    lambda mod, args, out, name=name: self._see(name, mod, args)
+                ),
+            )
         ]
 
     def _see(self, name: str, module: nn.Module, args: tuple) -> None:
+        """Keep a strided copy of what ``module`` has just fake-quantized (tallied at step)."""
         if self.steps % self.stats_every:  # this step's tensors are not tallied
             return
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
-            self._tally[name].add(module, args[0], self.sample)
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return
+        scale = module.scale.detach()
+        axis = module.ch_axis % x.dim() if scale.numel() > 1 else None
+        self._pending[name] = Pending(
+            name, sample_rows(x, axis, self.sample), scale, module.zero_point.detach(),
+            int(module.quant_min), int(module.quant_max),
+        )  # fmt: skip
+
+    def _flush(self, name: str) -> None:
+        """Tally ``name``'s pending sample before its next forward changes its qparams."""
+        pending = self._pending.pop(name, None)
+        if pending is not None:
+            tally_all([pending], self._tally)
 
     def step(self, loss: float | torch.Tensor | None = None, metric: float | None = None) -> None:
         """Record the current state of every module; call it after each optimizer step.
@@ -185,6 +184,8 @@ class QATMonitor:
             loss: the step's loss (a tensor is read with ``float()``).
             metric: any number to plot beside it (an accuracy, a learning rate).
         """
+        tally_all(list(self._pending.values()), self._tally)
+        self._pending.clear()
         self.steps += 1
         loss = (
             float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
@@ -239,20 +240,21 @@ class QATMonitor:
             self._callbacks.remove(callback)
 
     def _record(self, name: str, module: nn.Module, loss, metric) -> QATRecord:
-        scale = module.scale.detach().float().clone()
-        zero = module.zero_point.detach().float().clone()
+        scale, zero = module.scale.detach(), module.zero_point.detach()
         last = self._last[name]
         changed = last is None or not (torch.equal(last[0], scale) and torch.equal(last[1], zero))
         self.changes[name] += int(changed)
-        self._last[name] = (scale, zero)
-        tally, self._tally[name] = self._tally[name], _Tally()
-        seen = tally.total or float("nan")  # nan: a step whose tensors were not tallied
+        if changed:  # read the new qparams once; an unchanged step reuses the last reading
+            self._last[name] = (scale.clone(), zero.clone())
+            self._read[name] = _read_qparams(scale, zero)
+        tally, self._tally[name] = self._tally[name], Tally()
+        clipped, over = tally.shares()  # nan: a step whose tensors were not tallied
+        mean, low, high, zero_point = self._read[name]
         return QATRecord(
             step=self.steps, name=name, group=self._group.get(name),
-            per_channel=scale.numel() > 1, scale=float(scale.mean()),
-            scale_min=float(scale.min()), scale_max=float(scale.max()),
-            zero_point=float(zero.mean()), changed=changed, clipped=tally.clipped / seen,
-            mean_abs_over_scale=tally.abs_over_scale / seen, loss=loss, metric=metric,
+            per_channel=scale.numel() > 1, scale=mean, scale_min=low, scale_max=high,
+            zero_point=zero_point, changed=changed, clipped=clipped,
+            mean_abs_over_scale=over, loss=loss, metric=metric,
         )  # fmt: skip
 
     @property
