@@ -69,6 +69,49 @@ def test_the_clipped_share_is_where_torchs_straight_through_gradient_is_zero(per
         assert record.per_channel == (module.scale.numel() > 1)
 
 
+def _ste_kept(module, x) -> torch.Tensor:
+    """How many elements of ``x`` torch's fake quantization lets a gradient through, with the
+    module's current qparams."""
+    x = x.clone().requires_grad_()
+    if module.scale.numel() > 1:
+        out = torch.fake_quantize_per_channel_affine(
+            x, module.scale, module.zero_point, module.ch_axis, module.quant_min, module.quant_max
+        )
+    else:
+        out = torch.fake_quantize_per_tensor_affine(
+            x, module.scale, module.zero_point, module.quant_min, module.quant_max
+        )
+    out.sum().backward()
+    return x.grad.sum()
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_two_forwards_before_a_step_are_each_tallied_with_the_qparams_they_used(per_channel):
+    """Gradient accumulation: the observers move between the two forwards; each tensor counts
+    with its own scale (the monitor tallies the first before the second changes it)."""
+    prepared = _prepared(per_channel)
+    monitor = QATMonitor(prepared)
+    g = torch.Generator().manual_seed(3)
+    kept = dict.fromkeys(monitor.modules, 0.0)
+    total = dict.fromkeys(monitor.modules, 0)
+
+    def count(module, args, out, name):
+        kept[name] += float(_ste_kept(module, args[0].detach()))
+        total[name] += args[0].numel()
+
+    hooks = [m.register_forward_hook(functools.partial(count, name=n))
+             for n, m in monitor.modules.items()]  # fmt: skip
+    prepared(torch.randn(4, 8, generator=g))
+    prepared(torch.randn(4, 8, generator=g) * 4)  # a wider range: the scales change
+    monitor.step()
+    for hook in hooks:
+        hook.remove()
+    for record in monitor.records:
+        expected = 1 - kept[record.name] / total[record.name]
+        assert record.clipped == pytest.approx(expected, abs=1e-9), record.name
+    assert any(r.clipped > 0 for r in monitor.records)
+
+
 def test_frozen_observers_stop_the_changes_and_counts_survive_thinning():
     prepared = _prepared()
     monitor = QATMonitor(prepared, max_records=4)
