@@ -1,6 +1,7 @@
 """Views of the engine's records: graphs of a model at each stage, histograms of what observers
-and calibrators saw with the range each method picks, every observer's range at a glance, and a
-self-contained HTML report of all of it.
+and calibrators saw with the range each method picks, every observer's range at a glance, a
+self-contained HTML report of all of it, and the numeric suite's per-node values as Google Model
+Explorer node data (:func:`to_model_explorer`).
 
 Each view reads records (the QuantPlan, observers' and calibrators' statistics) and returns an
 object that renders itself: a :class:`QGraph` (SVG in Jupyter) or a matplotlib Figure.
@@ -19,6 +20,15 @@ from qviz.viz.capabilities import capabilities
 from qviz.viz.graphs import QGraph, graph
 from qviz.viz.histograms import histogram
 from qviz.viz.html_report import report
+from qviz.viz.model_explorer import to_model_explorer
 from qviz.viz.range_view import ranges
 
-__all__ = ["QGraph", "capabilities", "graph", "histogram", "ranges", "report"]
+__all__ = [
+    "QGraph",
+    "capabilities",
+    "graph",
+    "histogram",
+    "ranges",
+    "report",
+    "to_model_explorer",
+]
