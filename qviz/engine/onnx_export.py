@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -59,6 +60,17 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.capture import dynamic_batch_shapes
+from qviz.engine.node_values import (
+    REPORT_COLUMNS,
+    SCALE,
+    check_report_matches,
+    op_name,
+    output_scales,
+    report_columns,
+    report_ops,
+    report_values,
+)
+from qviz.engine.onnx_metadata import format_value, onnx_sources, write_metadata
 from qviz.engine.onnx_pt2e import has_qdq, onnx_ready_copy
 from qviz.engine.onnx_ranges import INT16_OPSET, OnnxRange, onnx_type
 from qviz.engine.qparams import quant_range
@@ -86,6 +98,8 @@ class OnnxExport:
         ranges: how each quantized tensor is written: one record per quantize node of the
             converted graph, or per enabled TensorQuantizer, in order.
         model: the written ``onnx.ModelProto`` (not in the repr).
+        node_properties: with a report, ``{operator of the converted graph: names of the ONNX
+            nodes carrying its qviz.* properties}`` (:mod:`qviz.engine.onnx_metadata`).
     """
 
     path: Path
@@ -94,6 +108,9 @@ class OnnxExport:
     op_counts: dict[str, int] = field(hash=False)
     ranges: tuple[OnnxRange, ...]
     model: Any = field(repr=False, compare=False, hash=False)
+    node_properties: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, repr=False, compare=False, hash=False
+    )
 
     def __repr__(self) -> str:
         clamped = sum(r.clamped for r in self.ranges)
@@ -291,6 +308,36 @@ def _tidy(model: Any) -> None:
     common.RemoveUnusedNodesPass()(model)
 
 
+def _report_values(report: Any, ready: nn.Module, source: str) -> dict[str, dict[str, float]]:
+    """``{operator: {column: value}}`` to write, checked against the converted graph."""
+    if report is None:
+        return {}
+    if source != "pt2e" or not isinstance(ready, GraphModule):
+        raise ConfigError(
+            "export_onnx(report=...) takes the report of a model converted by qviz.convert_pt2e; "
+            "a TensorQuantizer model's layers are not graph operators: export it without report"
+        )
+    ops = {n.name: op_name(n) for n in ready.graph.nodes if n.op == "call_function"}
+    rows = report_ops(report)
+    check_report_matches(report, [r for r, op in rows.items() if ops.get(r) == op], ops,
+                         "this converted model")  # fmt: skip
+    columns = [c for c in REPORT_COLUMNS if c in report_columns(report)]
+    values = report_values(report, columns)
+    for node, scale in output_scales(ready.graph).items():
+        if node in ops:
+            values.setdefault(node, {})[SCALE] = scale
+    return values
+
+
+def _annotate(program: Any, ready: GraphModule, values: dict, report: Any) -> dict:
+    """Write the values as node metadata properties on torch.onnx's model, and the summary."""
+    summary = {"output_sqnr": format_value(float(getattr(report, "output_sqnr", math.nan)))}
+    if callable(getattr(report, "summary", None)):
+        summary["numeric_report"] = str(report.summary())
+    sources = onnx_sources(program.exported_program, ready)
+    return write_metadata(program.model, sources, values, summary)
+
+
 def _write(program: Any, path: Path) -> Any:
     """Save ``program``, check the file with onnx.checker, and return its ModelProto."""
     onnx = _import("onnx")
@@ -310,6 +357,7 @@ def export_onnx(
     *,
     opset: int = DEFAULT_OPSET,
     dynamic_batch: bool = False,
+    report: Any = None,
 ) -> OnnxExport:
     """Export a quantized model to an ONNX QuantizeLinear / DequantizeLinear graph at ``path``.
 
@@ -324,6 +372,11 @@ def export_onnx(
         opset: ONNX opset, :data:`MIN_OPSET` or later; int16 / uint16 ranges need 21.
         dynamic_batch: make dimension 0 of every tensor input dynamic. (Not for TensorQuantizer
             models: torch cannot trace its fake-quantize ops with a dynamic batch.)
+        report: the :class:`~qviz.numeric.report.NumericReport` of :func:`qviz.numeric.compare`
+            for this converted model: each operator's ONNX node(s) then carry ``qviz.local_sqnr``,
+            ``qviz.cumulative_sqnr``, ``qviz.clipped``, ``qviz.scale`` and ``qviz.node`` as
+            metadata properties, and the model ``qviz.numeric_report`` and
+            ``qviz.output_sqnr``; Netron shows both (:mod:`qviz.engine.onnx_metadata`).
 
     Returns:
         An :class:`OnnxExport`: the path, the ``onnx.ModelProto``, the node count per operator
@@ -334,7 +387,8 @@ def export_onnx(
         OnnxExportError: a range the opset cannot express (int16 before opset 21), a
             TensorQuantizer on several axes, without amax, still calibrating or returning
             integers, dynamic or affine quantization, or torch.onnx's failure with its cause.
-        ConfigError: a bad opset or a model that is not an nn.Module.
+        ConfigError: a bad opset, a model that is not an nn.Module, or a report that is not
+            the numeric report of this converted model.
         MissingDependencyError: onnx or onnxscript is not installed.
 
     Example:
@@ -355,6 +409,7 @@ def export_onnx(
             f"wrap a single input as (x,)"
         )
     ready, source, ranges = _prepare(model, opset)
+    values = _report_values(report, ready, source)
     options: dict[str, Any] = {}
     if dynamic_batch:
         options["dynamic_shapes"] = dynamic_batch_shapes(example_inputs)
@@ -363,6 +418,7 @@ def export_onnx(
     with fb_fake_quant(ready):
         program = _torch_onnx(ready, example_inputs, opset, **options)
     _tidy(program.model)
+    placed = _annotate(program, ready, values, report) if report is not None else {}
     proto = _write(program, Path(path))
     counts = Counter(n.op_type for n in proto.graph.node)
-    return OnnxExport(Path(path), opset, source, dict(counts), ranges, proto)
+    return OnnxExport(Path(path), opset, source, dict(counts), ranges, proto, placed)
