@@ -1,9 +1,12 @@
 """HistogramCalibrator: an exact histogram of |x| from which every amax method can be computed.
 
 Counts are int64, so no bin ever saturates (float counters stop counting at 2^24). The histogram
-has a fixed number of bins over ``[0, range]``; when a later tensor exceeds the range, the range
-grows by the smallest power of two that covers it and each new bin is the exact sum of ``2^k`` old
-bins, so many collects of growing range stay exact and never grow the bin count. The exact
+has a fixed number of bins over ``[0, range]``, where the range is a power of two: the smallest
+that covers the largest |x| seen. When a later tensor exceeds it, the range doubles ``k`` times
+and each new bin is the exact sum of ``2^k`` old bins, so many collects of growing range stay
+exact and never grow the bin count. Because the range depends only on the largest |x|, never on
+which tensor came first, the histogram is the same for any order of the same tensors, and
+histograms of disjoint shards merge exactly (``qviz.engine.distributed``). The exact
 running max is kept beside it, and no method returns an amax above it.
 
 Example:
@@ -27,17 +30,33 @@ from qviz.engine.calib.pickers import entropy_amax, mse_amax, percentile_amax
 from qviz.engine.qparams import validate_num_bits
 from qviz.errors import ConfigError
 
-__all__ = ["HistogramCalibrator"]
+__all__ = ["HistogramCalibrator", "pow2_ceil"]
 
 _BLOCK = 1 << 20  # elements binned per step: 4 MiB of float32 scratch, fits in cache
 
 
-def _grow_exponents(old_range: torch.Tensor, amax: torch.Tensor, num_bins: int) -> torch.Tensor:
-    """Smallest k >= 0 per channel with old_range * 2^k >= amax (capped where one bin holds all)."""
+def _grow_exponents(old_range: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """Smallest k >= 0 per channel with old_range * 2^k >= amax."""
     ratio = torch.where(old_range > 0, amax / old_range.clamp(min=1e-300), torch.ones_like(amax))
     k = torch.ceil(torch.log2(ratio.clamp(min=1.0))).to(torch.int64)
-    k = torch.where(old_range * torch.exp2(k.to(old_range.dtype)) < amax, k + 1, k)
-    return k.clamp_(max=int(math.log2(num_bins)) + 1)
+    return torch.where(old_range * torch.exp2(k.to(old_range.dtype)) < amax, k + 1, k)
+
+
+def merge_exponents(k: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """``k`` capped where merging 2^k bins already puts every count in bin 0."""
+    return k.clamp(max=int(math.log2(num_bins)) + 1)
+
+
+def pow2_ceil(amax: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= each value (0 stays 0), exactly (from the binary exponent).
+
+    Example:
+        >>> pow2_ceil(torch.tensor([0.0, 0.3, 0.5, 3.0], dtype=torch.float64)).tolist()
+        [0.0, 0.5, 0.5, 4.0]
+    """
+    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), exponent), amax)
 
 
 def _merge_bins(counts: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -117,18 +136,19 @@ class HistogramCalibrator(Calibrator):
 
     def _grow(self, amax: torch.Tensor) -> torch.Tensor:
         if self._range is None:
-            self._range = amax.clone()
+            self._range = pow2_ceil(amax)
             self._counts = torch.zeros(
                 amax.numel(), self._num_bins, dtype=torch.int64, device=amax.device
             )
             return self._range
         empty = self._range == 0
-        k = _grow_exponents(self._range, amax, self._num_bins)
+        k = _grow_exponents(self._range, amax)
         if bool((k > 0).any()):
-            self._counts = _merge_bins(self._counts, torch.where(empty, 0, k))
+            merge = merge_exponents(torch.where(empty, 0, k), self._num_bins)
+            self._counts = _merge_bins(self._counts, merge)
         grown = self._range * torch.exp2(k.to(torch.float64))
         # A histogram that saw only zeros takes the new range as is: its counts sit in bin 0.
-        self._range = torch.where(empty, amax, grown)
+        self._range = torch.where(empty, pow2_ceil(amax), grown)
         return self._range
 
     def _bin(self, flat: torch.Tensor, hist_range: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ Example:
     ...                         switchable=True)
     >>> _ = obs(torch.randn(10_000, generator=g))
     >>> [round(float(obs.calculate_qparams(method=m)[0]), 5) for m in HISTOGRAM_METHODS]
-    [0.03406, 0.03406, 0.03217, 0.02934, 0.03263]
+    [0.03406, 0.03406, 0.03217, 0.02935, 0.03261]
 """
 
 from __future__ import annotations
@@ -243,14 +243,29 @@ min=-1 max=1)
         if new_min.item() == old_min.item() and new_max.item() == old_max.item():
             self.histogram.add_(counts)
             return
-        if old_min.item() == old_max.item():  # earlier values were all one number: move it whole
-            moved = torch.histc(old_min, self.bins, min=new_min, max=new_max)
-            moved = moved * torch.sum(self.histogram)
-        else:
-            moved = rebin(self.histogram, old_min, old_max, new_min, new_max, self.upsample_rate)
-        self.histogram.copy_(counts + moved)
+        self.histogram.copy_(counts + self.histogram_on(new_min, new_max))
         self.min_val.copy_(new_min)
         self.max_val.copy_(new_max)
+
+    def histogram_on(self, new_min: torch.Tensor, new_max: torch.Tensor) -> torch.Tensor:
+        """The histogram re-binned onto the wider range ``[new_min, new_max]`` as torch does when
+        a batch widens the range (the merge of several processes' histograms uses it too).
+
+        Example:
+            >>> obs = HistogramObserver(bins=4)
+            >>> _ = obs(torch.tensor([0.0, 1.0, 2.0, 4.0]))
+            >>> obs.histogram_on(torch.tensor(0.0), torch.tensor(8.0)).tolist()
+            [2.0, 2.0, 0.0, 0.0]
+        """
+        old_min, old_max = self.min_val, self.max_val
+        new_min = new_min.to(old_min.device, old_min.dtype)
+        new_max = new_max.to(old_max.device, old_max.dtype)
+        if new_min.item() == old_min.item() and new_max.item() == old_max.item():
+            return self.histogram.clone()
+        if old_min.item() == old_max.item():  # earlier values were all one number: move it whole
+            moved = torch.histc(old_min, self.bins, min=new_min, max=new_max)
+            return moved * torch.sum(self.histogram)
+        return rebin(self.histogram, old_min, old_max, new_min, new_max, self.upsample_rate)
 
     def _reset_statistics(self) -> None:
         super()._reset_statistics()

@@ -151,6 +151,8 @@ def test_entropy_agrees_with_nvidia(kind, num_bits):
         ref_hist._compute_amax_entropy(counts.numpy().copy(), edges.numpy(), num_bits, False, 1, 32)
     )
     ours = float(calib.compute_amax("entropy", start_bin=32))
+    # no method returns an amax above the largest |x| seen; the reference's edge can lie above
+    ref = min(ref, float(calib.compute_amax("max")))
     assert ours == pytest.approx(ref, rel=1e-6)  # the same bin edge, float32 vs float64
 
 
