@@ -3,7 +3,9 @@
 :class:`PairStats` compares a reference tensor with a test tensor (SQNR, MSE, cosine similarity,
 max abs error) over any number of batches; :class:`GridStats` measures a float tensor against an
 affine quantization grid (its range, the share of values beyond the grid, the rounding error in
-steps). Sums are kept in float64.
+steps). Each batch's sums are added exactly (:class:`ExactSum`), so the result does not depend
+on the order of the batches, and statistics of shards merge (``merge``) into the statistics of
+one run over all of them, bit for bit.
 
 Example:
     >>> import torch
@@ -18,13 +20,60 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from qviz.engine.qparams import clip_limits
 
-__all__ = ["GridStats", "PairStats"]
+__all__ = ["ExactSum", "GridStats", "PairStats"]
+
+
+class ExactSum:
+    """A float sum that does not depend on the order of its terms: Shewchuk's partials (a few
+    non-overlapping floats, as ``math.fsum`` keeps them), read correctly rounded. Sums kept on
+    several processes and merged give the one-process sum bit for bit.
+
+    Example:
+        >>> a, b = ExactSum(), ExactSum()
+        >>> for x in (1e16, 1.0, -1e16):
+        ...     a.add(x)
+        >>> b.add(1.0)
+        >>> a.merge(b); a.value
+        2.0
+    """
+
+    __slots__ = ("partials",)
+
+    def __init__(self) -> None:
+        self.partials: list[float] = []
+
+    def add(self, x: float) -> None:
+        i = 0
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            high = x + y
+            low = y - (high - x)
+            if low:
+                self.partials[i] = low
+                i += 1
+            x = high
+        self.partials[i:] = [x]
+
+    def merge(self, other: ExactSum) -> None:
+        for x in other.partials:
+            self.add(x)
+
+    @property
+    def value(self) -> float:
+        return math.fsum(self.partials)
+
+    def __getstate__(self) -> list[float]:
+        return self.partials
+
+    def __setstate__(self, state: list[float]) -> None:
+        self.partials = state
 
 
 def _float(t: torch.Tensor) -> torch.Tensor:
@@ -46,11 +95,33 @@ class PairStats:
     """
 
     count: int = 0
-    ref_sq: float = 0.0
-    test_sq: float = 0.0
-    err_sq: float = 0.0
-    dot: float = 0.0
     max_abs: float = 0.0
+    sums: dict[str, ExactSum] = field(
+        default_factory=lambda: {k: ExactSum() for k in ("ref_sq", "test_sq", "err_sq", "dot")}
+    )
+
+    @property
+    def ref_sq(self) -> float:
+        return self.sums["ref_sq"].value
+
+    @property
+    def test_sq(self) -> float:
+        return self.sums["test_sq"].value
+
+    @property
+    def err_sq(self) -> float:
+        return self.sums["err_sq"].value
+
+    @property
+    def dot(self) -> float:
+        return self.sums["dot"].value
+
+    def merge(self, other: PairStats) -> None:
+        """Add another process's (or shard's) statistics: the same as one run over both."""
+        self.count += other.count
+        self.max_abs = max(self.max_abs, other.max_abs)
+        for key, value in other.sums.items():
+            self.sums[key].merge(value)
 
     def update(self, reference: torch.Tensor, test: torch.Tensor) -> None:
         """Add one batch; both tensors must have the same number of elements.
@@ -62,10 +133,10 @@ class PairStats:
         out = _float(test).to(ref.device, ref.dtype)
         err = out - ref
         self.count += ref.numel()
-        self.ref_sq += _sum_of_products(ref, ref)
-        self.test_sq += _sum_of_products(out, out)
-        self.err_sq += _sum_of_products(err, err)
-        self.dot += _sum_of_products(ref, out)
+        self.sums["ref_sq"].add(_sum_of_products(ref, ref))
+        self.sums["test_sq"].add(_sum_of_products(out, out))
+        self.sums["err_sq"].add(_sum_of_products(err, err))
+        self.sums["dot"].add(_sum_of_products(ref, out))
         if err.numel():
             low, high = torch.aminmax(err)
             self.max_abs = max(self.max_abs, -float(low), float(high))
@@ -113,7 +184,18 @@ class GridStats:
     low: float = math.inf
     high: float = -math.inf
     outside: int = 0
-    err_sq: float = 0.0
+    error: ExactSum = field(default_factory=ExactSum)
+
+    @property
+    def err_sq(self) -> float:
+        return self.error.value
+
+    def merge(self, other: GridStats) -> None:
+        """Add another process's (or shard's) statistics of the same tensor and grid."""
+        self.count += other.count
+        self.low, self.high = min(self.low, other.low), max(self.high, other.high)
+        self.outside += other.outside
+        self.error.merge(other.error)
 
     @property
     def grid_min(self) -> float:
@@ -140,7 +222,7 @@ class GridStats:
             x, self.scale, self.zero_point, self.quant_min, self.quant_max
         )
         err = q - x
-        self.err_sq += _sum_of_products(err, err)
+        self.error.add(_sum_of_products(err, err))
 
     @property
     def clipped(self) -> float:
