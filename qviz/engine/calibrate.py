@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
+from qviz.engine import distributed
 from qviz.engine.inputs import check_inputs, guard_errors
 from qviz.engine.stage import Stage, model_stage
 from qviz.errors import CalibrationError, ConfigError
@@ -79,7 +81,12 @@ def _batches(data: Any) -> Iterable[Any]:
 
 
 def calibrate(
-    model: nn.Module, data: Any, *, max_batches: int | None = None, progress: bool = True
+    model: nn.Module,
+    data: Any,
+    *,
+    max_batches: int | None = None,
+    progress: bool = True,
+    group: Any = None,
 ) -> nn.Module:
     """Run ``data`` through ``model`` without gradients so that its observers collect statistics.
 
@@ -89,7 +96,14 @@ def calibrate(
             leading items are the model's inputs (labels after them are ignored), or a dict of
             keyword inputs. A single tensor, tuple or dict is taken as one batch.
         max_batches: stop after this many batches.
-        progress: show a progress bar (a notebook widget in Jupyter).
+        progress: show a progress bar (a notebook widget in Jupyter; rank 0's only when
+            distributed).
+        group: a ``torch.distributed`` process group. When one is given, or the default
+            group is initialised, each rank calibrates its shard (``data`` is this rank's
+            part; an empty shard is fine) and then every observer merges its statistics
+            across the ranks, so that all ranks hold what one process would after all the
+            shards (:mod:`qviz.engine.distributed` says what is exact); every rank must call
+            it. ``group=False`` calibrates this process alone.
 
     Returns:
         ``model``, for chaining.
@@ -97,17 +111,32 @@ def calibrate(
     Raises:
         CalibrationError: ``model`` has no observers (never prepared, or already converted); a
             batch whose inputs do not match the exported ones (count, dtype, shape), named by
-            its index; no batches at all.
+            its index; no batches at all (on any rank); distributed: a rank failed (raised on
+            every rank, naming the rank and its error).
+        ConfigError: distributed: the ranks' prepared models differ.
     """
-    from tqdm.auto import tqdm
-
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
         raise ConfigError(f"max_batches must be a positive int or None, got {max_batches!r}")
+    if distributed.active(group):
+        rank, _ = distributed.rank_and_size(group)
+        shard = functools.partial(
+            _calibrate_shard, model, data, max_batches, progress and rank == 0
+        )
+        return distributed.run_sharded(model, shard, group)
+    if _calibrate_shard(model, data, max_batches, progress) == 0:
+        raise CalibrationError("calibrate got no batches: the data is empty")
+    return model
+
+
+def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progress: bool) -> int:
+    """Run this process's batches through ``model``; how many it ran."""
+    from tqdm.auto import tqdm
+
+    _check_prepared(model)
     batches = _batches(data)
     total = len(batches) if hasattr(batches, "__len__") else None
     if max_batches is not None:
         total = min(total, max_batches) if total is not None else max_batches
-    _check_prepared(model)
     seen = 0
     with torch.no_grad():
         bar = tqdm(batches, total=total, desc="calibrating", disable=not progress)
@@ -116,6 +145,4 @@ def calibrate(
                 break
             _run(model, batch, index)
             seen += 1
-    if seen == 0:
-        raise CalibrationError("calibrate got no batches: the data is empty")
-    return model
+    return seen

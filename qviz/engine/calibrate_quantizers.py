@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qviz.engine import distributed
 from qviz.engine.calib import CalibMethod
 from qviz.engine.calibrate import _batches
 from qviz.engine.inputs import guard_errors
@@ -168,6 +169,7 @@ def calibrate_quantizers(
     weight_method: CalibMethod | str = "max",
     max_batches: int | None = None,
     progress: bool = True,
+    group: Any = None,
     **method_kwargs: Any,
 ) -> AmaxTable:
     """Calibrate every TensorQuantizer of ``model`` on ``data`` and load the chosen amax.
@@ -186,7 +188,13 @@ def calibrate_quantizers(
         method: ``"max"``, ``"percentile"``, ``"entropy"`` or ``"mse"`` for input quantizers.
         weight_method: the method for weight quantizers.
         max_batches: stop after this many batches.
-        progress: show a progress bar.
+        progress: show a progress bar (rank 0's only when distributed).
+        group: a ``torch.distributed`` process group; when given, or when the default group
+            is initialised, each rank collects on its shard of ``data`` (an empty one is fine)
+            and the calibrators merge across the ranks before amax is chosen: max and the |x|
+            histograms merge exactly, so every method picks on every rank the amax one process
+            picks over all the shards (see :mod:`qviz.engine.distributed`); ``group=False``: this
+            process alone.
         **method_kwargs: options of ``method`` (``percentile=99.99``, ``start_bin=``, ...).
 
     Returns:
@@ -210,10 +218,19 @@ def calibrate_quantizers(
     total = len(batches) if hasattr(batches, "__len__") else None
     if max_batches is not None:
         total = min(total, max_batches) if total is not None else max_batches
-    with _calibrating(model, quantizers):
-        seen = _collect(model, batches, total, progress)
-    if seen == 0:
-        raise CalibrationError("calibrate_quantizers got no batches: the data is empty")
+    if distributed.active(group):  # raises on every rank when every shard is empty
+        rank, _ = distributed.rank_and_size(group)
+
+        def shard() -> int:
+            with _calibrating(model, quantizers):
+                return _collect(model, batches, total, progress and rank == 0)
+
+        distributed.run_sharded(model, shard, group)
+    else:
+        with _calibrating(model, quantizers):
+            seen = _collect(model, batches, total, progress)
+        if seen == 0:
+            raise CalibrationError("calibrate_quantizers got no batches: the data is empty")
     idle = [name for name, tq in quantizers if tq.calibrator.num_batches == 0]
     if idle:
         raise CalibrationError(

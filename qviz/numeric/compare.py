@@ -55,6 +55,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 from torch.fx.node import map_arg
 
+from qviz.engine import distributed
 from qviz.engine.bn_fold import fused_conv_bn_params
 from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.handles import assign_handles, float_handle, handle
@@ -69,7 +70,7 @@ from qviz.numeric.batches import (
 )
 from qviz.numeric.compare_modules import compare_modules, is_quant_nn_model
 from qviz.numeric.report import NumericReport
-from qviz.numeric.streaming import GridStats, PairStats
+from qviz.numeric.streaming import ExactSum, GridStats, PairStats
 
 __all__ = ["compare", "float_graph_of", "output_probe", "qdq_ops"]
 
@@ -341,6 +342,7 @@ def compare(
     *,
     metric: Callable[[Any, Any, Any], float] | None = None,
     progress: bool = True,
+    group: Any = None,
 ) -> NumericReport:
     """Compare every quantized operator with its float counterpart over ``data``.
 
@@ -357,7 +359,13 @@ def compare(
             a DataLoader; items after the model's inputs are the target passed to ``metric``.
         metric: optional ``metric(float_out, quant_out, target) -> float`` per batch (e.g.
             accuracy of ``quant_out``); the report holds its mean weighted by batch size.
-        progress: show a progress bar over the batches.
+        progress: show a progress bar over the batches (rank 0's only when distributed).
+        group: a ``torch.distributed`` process group; when given, or when the default group
+            is initialised, ``data`` is this rank's shard (an empty one is fine when
+            ``float_model`` is the exported graph), each rank measures its shard and the
+            statistics are reduced once: the report on every rank equals one process's over
+            all the shards (sums are exact, so bit for bit). Every rank must call it;
+            ``group=False``: this process alone.
 
     Returns:
         A :class:`~qviz.numeric.report.NumericReport`: one row per quantized operator, in
@@ -380,8 +388,16 @@ def compare(
         >>> compare(gm, quantized, data, progress=False).worst(1)["node"].tolist()
         ['linear']
     """
+    sharded = distributed.active(group)
     if is_quant_nn_model(quantized_model):
+        if sharded:
+            raise ConfigError(
+                "compare(..., group=...) measures PT2E converted models across processes; for a "
+                "quant_nn model, compare each rank's shard with group=None"
+            )
         return compare_modules(float_model, quantized_model, data, metric=metric, progress=progress)
+    if sharded:
+        return _compare_sharded(float_model, quantized_model, data, metric, progress, group)
     if not isinstance(quantized_model, GraphModule):
         raise ConfigError(
             f"quantized_model must be the graph module qviz.convert_pt2e returned or a model "
@@ -418,10 +434,80 @@ def _chain_first(first: Any, rest: Iterable[Any]) -> Iterable[Any]:
     yield from rest
 
 
+@dataclass
+class _Measured:
+    """What one process measured: the rows' statistics and the model outputs' (picklable)."""
+
+    stats: list[tuple[PairStats, PairStats | None, GridStats | None]]
+    outputs: PairStats
+    metric: ExactSum
+    samples: int
+    count: int
+    nodes: tuple[str, ...]  # the rows' node names: ranks must measure the same operators
+
+    def merge(self, other: _Measured) -> None:
+        if other.nodes != self.nodes:
+            raise ConfigError(
+                f"the ranks compared different graphs ({len(self.nodes)} vs {len(other.nodes)} "
+                f"operators): every rank must compare the same float and quantized models"
+            )
+        for mine, theirs in zip(self.stats, other.stats, strict=True):
+            for a, b in zip(mine, theirs, strict=True):
+                if a is not None and b is not None:
+                    a.merge(b)
+        self.outputs.merge(other.outputs)
+        self.metric.merge(other.metric)
+        self.samples += other.samples
+        self.count += other.count
+
+
+def _report(rows: list[_Row], measured: _Measured, metric: Any) -> NumericReport:
+    value = None
+    if metric is not None and measured.samples:
+        value = measured.metric.value / measured.samples
+    return NumericReport.from_rows(rows, measured.outputs, value, measured.count, measured.samples)
+
+
+def _compare_sharded(float_model, qgm, data, metric, progress, group) -> NumericReport:
+    """Each rank measures its shard; one gather; every rank merges in rank order."""
+    rank, _ = distributed.rank_and_size(group)
+    rows, measured, error = [], None, None
+    try:
+        check_metric(metric)
+        if not isinstance(qgm, GraphModule):
+            raise ConfigError(
+                f"quantized_model must be the graph module qviz.convert_pt2e returned, got "
+                f"{type(qgm).__name__}"
+            )
+        batches = iter(batches_of(data, "compare"))
+        first = next(batches, None)
+        if first is None and not isinstance(float_model, GraphModule):
+            raise ConfigError(
+                "this rank's shard is empty and float_model is an nn.Module, which compare "
+                "exports on the first batch: pass the graph module qviz.export returned"
+            )
+        example = () if first is None else split_batch(first, qgm, 0, "compare")[0]
+        fgm = float_graph_of(float_model, example)
+        rows = _rows(qgm, fgm)
+        shard = () if first is None else _chain_first(first, batches)
+        measured = _measure(fgm, qgm, rows, shard, metric, progress and rank == 0)
+    except Exception as exc:  # reported on every rank by the gather
+        error = exc
+    parts = distributed.gather_outcomes(measured, group, error=error, what="compare")
+    for other, part in enumerate(parts):  # exact sums: the order does not matter
+        if other != rank:
+            measured.merge(part)
+    return _report(rows, measured, metric)
+
+
 def _run(fgm, qgm, rows, batches, metric, progress) -> NumericReport:
+    return _report(rows, _measure(fgm, qgm, rows, batches, metric, progress), metric)
+
+
+def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
     wanted = _needed(rows)
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
-    outputs, metric_sum, samples, count = PairStats(), 0.0, 0, 0
+    outputs, metric_sum, samples, count = PairStats(), ExactSum(), 0, 0
     from qviz.numeric.progress import progress_bar
 
     with torch.no_grad():
@@ -435,11 +521,12 @@ def _run(fgm, qgm, rows, batches, metric, progress) -> NumericReport:
                 outputs.update(f, q)
             size = batch_size(inputs)
             if metric is not None:
-                metric_sum += float(metric(_single(float_out), _single(quant_out), target)) * size
+                metric_sum.add(float(metric(_single(float_out), _single(quant_out), target)) * size)
             samples += size
             count += 1
-    metric_value = metric_sum / samples if metric is not None and samples else None
-    return NumericReport.from_rows(rows, outputs, metric_value, count, samples)
+    stats = [(r.cumulative, r.local, r.grid) for r in rows]
+    nodes = tuple(r.node.name for r in rows)
+    return _Measured(stats, outputs, metric_sum, samples, count, nodes)
 
 
 def _single(out: Any) -> Any:

@@ -1,0 +1,159 @@
+"""Calibration and comparison on torch.distributed (gloo, CPU), 2 and 3 ranks, against one process.
+
+Each world size is spawned once (``distributed_workers.worker`` runs every scenario on every
+rank); the tests compare what each rank saved with the same scenario run here in one process
+over the union of the shards. Shards are uneven, and with 3 ranks one is empty. The spawn has a
+deadline and the process group a 60 s timeout, so a hang fails the test instead of the suite.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # spawned ranks import the workers by this path
+import distributed_workers as w
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed is not built in"
+)
+
+DEADLINE_S = 420
+
+
+@pytest.fixture
+def one_thread():
+    """The single-process reference runs with the ranks' thread count: torch's float sums
+    split their work by thread, so another count can move the last bit of a large sum."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, outdir) -> list[dict]:
+    context = mp.start_processes(
+        w.worker, args=(world, _free_port(), str(outdir)), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + DEADLINE_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{world} ranks did not finish in {DEADLINE_S} s")
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2_ranks", "3_ranks"])
+def ranks(request, tmp_path_factory):
+    """(world size, every rank's results)."""
+    world = request.param
+    return world, _spawn(world, tmp_path_factory.mktemp(f"world{world}"))
+
+
+def _results(ranks, scenario: str) -> list:
+    _, results = ranks
+    out = [r[scenario] for r in results]
+    for rank, result in enumerate(out):
+        if isinstance(result, dict) and "crashed" in result:
+            pytest.fail(f"rank {rank} crashed in {scenario}:\n{result['crashed']}")
+    return out
+
+
+def _assert_equal(a, b, where: str = "") -> None:
+    """Bitwise equality of nested results (tensors, floats, dicts, tuples)."""
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_equal(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("scenario", ["histogram", "minmax", "quantizers"])
+def test_merged_calibration_equals_one_process_bit_for_bit(ranks, scenario, one_thread):
+    """min/max, torch's histograms (when no range grows), |x| histograms and every amax method
+    on them: the same qparams, observer state and converted outputs on every rank as one
+    process over all the batches."""
+    world, _ = ranks
+    merged = _results(ranks, scenario)
+    single = w.SCENARIOS[scenario](0, world, None)
+    for rank, result in enumerate(merged):
+        _assert_equal(result, single, f"rank {rank}")
+
+
+def test_moving_averages_merge_as_the_batch_weighted_mean_of_the_ranks(ranks, one_thread):
+    """The documented rule: sum over ranks of (batches * average) / total batches, from each
+    rank's own single-process state."""
+    world, _ = ranks
+    merged = _results(ranks, "moving_average")
+    local = [w.moving_average_scenario(r, world, None, only=r) for r in range(world)]
+    seen = [part for part in local if part["state"] is not None]
+    for key, value in merged[0]["state"].items():
+        if not key.endswith(("min_val", "max_val")):
+            continue
+        owner = key.rsplit(".", 1)[0]
+        if owner not in seen[0]["batches"]:  # a weight's min/max observer: exact, tested above
+            continue
+        weights = [part["batches"][owner] for part in seen]
+        expected = sum(p["state"][key].double() * n for p, n in zip(seen, weights, strict=True))
+        expected = (expected / sum(weights)).float()
+        assert torch.equal(value, expected), key
+    for rank, result in enumerate(merged[1:], start=1):
+        _assert_equal(result["state"], merged[0]["state"], f"rank {rank}")
+
+
+def test_the_compare_report_on_every_rank_equals_one_process(ranks, one_thread):
+    world, _ = ranks
+    merged = _results(ranks, "compare")
+    single = w.compare_scenario(0, world, None)
+    for rank, result in enumerate(merged):
+        assert result["df"].equals(single["df"]), f"rank {rank}"
+        assert result["metric"] == single["metric"] and result["summary"] == single["summary"]
+
+
+def test_a_failing_rank_is_named_on_every_rank_and_nobody_hangs(ranks):
+    messages = _results(ranks, "failure")
+    for message in messages:
+        assert message.startswith("CalibrationError: calibration failed on 1 of"), message
+        assert "rank 1: " in message and "calibration batch 0" in message
+
+
+def test_a_rank_with_another_model_is_named(ranks):
+    world, _ = ranks
+    for message in _results(ranks, "mismatch"):
+        assert message.startswith("ConfigError: rank "), message
+        assert f"rank {world - 1}'s prepared model differs from rank 0's" in message
+
+
+def test_an_unitialised_group_argument_is_refused_with_the_fix():
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(2, 4),))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )
+    with pytest.raises(qviz.ConfigError, match="init_process_group"):
+        qviz.calibrate(prepared, [torch.randn(2, 4)], progress=False, group=object())
