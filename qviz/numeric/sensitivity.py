@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from qviz.engine import distributed
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (
@@ -43,7 +44,7 @@ from qviz.numeric.batches import (
     split_batch,
 )
 from qviz.numeric.progress import progress_bar
-from qviz.numeric.streaming import PairStats
+from qviz.numeric.streaming import ExactSum, PairStats
 
 __all__ = ["compare_configs", "fallback", "sensitivity"]
 
@@ -85,10 +86,11 @@ class _Evaluator:
     """The float model's outputs on the data, kept (outputs only), and quantized models scored."""
 
     def __init__(
-        self, float_gm: GraphModule, data: Any, metric: Callable | None, where: str
+        self, float_gm: GraphModule, data: Any, metric: Callable | None, where: str, group: Any
     ) -> None:
+        self.group = group if distributed.active(group) else False
         self.batches = [split_batch(b, float_gm, i, where) for i, b in enumerate(data)]
-        if not self.batches:
+        if not self.batches and self.group is False:
             raise ConfigError("the data has no batches")
         self.metric = metric
         with torch.no_grad():
@@ -98,32 +100,54 @@ class _Evaluator:
     def _float_metric(self) -> float | None:
         if self.metric is None:
             return None
-        total, samples = 0.0, 0
-        for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
-            total += float(self.metric(ref, ref, target)) * batch_size(inputs)
-            samples += batch_size(inputs)
-        return total / samples
+        return self._merged(lambda: self._sums(None))[1]
 
-    def score(self, model: Any) -> tuple[float, float | None]:
-        """(output SQNR in dB, the metric averaged over samples or None)."""
-        stats, total, samples = PairStats(), 0.0, 0
+    def _sums(self, model: Any) -> tuple[PairStats, ExactSum, int]:
+        """This process's output statistics, metric sum and sample count (``model`` None: the
+        float model against itself)."""
+        stats, total, samples = PairStats(), ExactSum(), 0
         with torch.no_grad():
             for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
-                out = model(*inputs)
+                out = ref if model is None else model(*inputs)
                 for f, q in zip(flat_tensors(ref), flat_tensors(out), strict=True):
                     stats.update(f, q)
                 size = batch_size(inputs)
                 if self.metric is not None:
-                    total += float(self.metric(ref, out, target)) * size
+                    total.add(float(self.metric(ref, out, target)) * size)
                 samples += size
-        return stats.sqnr, (total / samples if self.metric is not None else None)
+        return stats, total, samples
+
+    def _merged(self, local: Callable[[], tuple]) -> tuple[float, float | None]:
+        """(output SQNR, metric) of ``local``'s sums, over every rank when distributed."""
+        if self.group is False:
+            stats, total, samples = local()
+        else:
+            part, error = None, None
+            try:
+                part = local()
+            except Exception as exc:  # named on every rank by the gather
+                error = exc
+            parts = distributed.gather_outcomes(part, self.group, error=error, what="sensitivity")
+            stats, total, samples = PairStats(), ExactSum(), 0
+            for other_stats, other_total, other_samples in parts:
+                stats.merge(other_stats)
+                total.merge(other_total)
+                samples += other_samples
+        metric = total.value / samples if self.metric is not None and samples else None
+        return stats.sqnr, metric
+
+    def score(self, model: Any) -> tuple[float, float | None]:
+        """(output SQNR in dB, the metric averaged over samples or None), over every rank."""
+        return self._merged(lambda: self._sums(model))
 
 
-def _quantize(gm: GraphModule, quantizer: Any, calibration: list[Any]) -> GraphModule:
+def _quantize(
+    gm: GraphModule, quantizer: Any, calibration: list[Any], group: Any = False
+) -> GraphModule:
     import qviz
 
     prepared = qviz.prepare_pt2e(gm, quantizer)
-    qviz.calibrate(prepared, calibration, progress=False)
+    qviz.calibrate(prepared, calibration, progress=False, group=group)
     return qviz.convert_pt2e(prepared)
 
 
@@ -145,6 +169,7 @@ def sensitivity(
     mode: str = "fallback",
     calibration_data: Any = None,
     progress: bool = True,
+    group: Any = None,
 ) -> Any:
     """Rank the quantized operators by what quantizing them costs the model.
 
@@ -160,6 +185,11 @@ def sensitivity(
             much it costs alone, most first.
         calibration_data: batches to calibrate each variant on (default: ``data``).
         progress: show a progress bar over the operators.
+        group: a ``torch.distributed`` process group; when given, or when the default group
+            is initialised, ``data`` (and ``calibration_data``) are this rank's shard: every
+            variant calibrates on all the shards (merged observers) and is scored over all of
+            them (one reduction per variant), so the ranking on every rank is one
+            process's over the union; ``group=False``: this process alone.
 
     Returns:
         A DataFrame: ``rank``, ``node``, ``op``, ``module``, ``output_sqnr`` (dB, against the
@@ -187,17 +217,19 @@ def sensitivity(
     if calibration_data is not None:
         where = "sensitivity(calibration_data=...)"
         calibration = checked_batches(calibration_data, exported_model, where)
-    evaluator = _Evaluator(exported_model, batches, metric, "sensitivity")
+    evaluator = _Evaluator(exported_model, batches, metric, "sensitivity", group)
+    group = evaluator.group
     full = qviz.prepare_pt2e(exported_model, quantizer)
     ops = _quantized_ops(full.plan, exported_model)
-    qviz.calibrate(full, calibration, progress=False)
+    qviz.calibrate(full, calibration, progress=False, group=group)
     base_sqnr, base_metric = evaluator.score(qviz.convert_pt2e(full))
     nodes = {n.name: n for n in exported_model.graph.nodes}
     rows = []
     for name in progress_bar(ops, progress, f"sensitivity ({mode})"):
         names = [name] if mode == "fallback" else [o for o in ops if o != name]
         variant = FallbackQuantizer(quantizer, names) if names else quantizer
-        out_sqnr, out_metric = evaluator.score(_quantize(exported_model, variant, calibration))
+        quantized = _quantize(exported_model, variant, calibration, group)
+        out_sqnr, out_metric = evaluator.score(quantized)
         node = nodes[name]
         row = {
             "node": name,

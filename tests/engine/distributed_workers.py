@@ -190,6 +190,23 @@ def compare_scenario(rank: int, world: int, group) -> dict:
     return {"df": report.df, "metric": report.metric, "summary": repr(report)}
 
 
+def sensitivity_scenario(rank: int, world: int, group) -> dict:
+    """Fallback sensitivity of the residual toy: each variant calibrated on every shard
+    (min/max observers: exact) and scored over every shard."""
+    from qviz.numeric import sensitivity
+
+    batches = toy_batches()
+    gm, _ = toy_prepared()
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    config = _with_activation_observer(config, MinMaxObserver.with_args(eps=2**-12))
+    mine = range(len(batches)) if group is None else shards(world, len(batches))[rank]
+    df = sensitivity(
+        gm, XNNPACKQuantizer().set_global(config), [batches[i] for i in mine],
+        progress=False, group=group,
+    )  # fmt: skip
+    return {"df": df, "attrs": dict(df.attrs)}
+
+
 # -- failure scenarios (distributed only) ---------------------------------------------------------
 def failure_scenario(rank: int, world: int, group) -> str:
     """Rank 1 feeds a batch of the wrong shape: every rank must raise, naming rank 1."""
@@ -225,6 +242,7 @@ SCENARIOS = {
     "moving_average": moving_average_scenario,
     "quantizers": quantizers_scenario,
     "compare": compare_scenario,
+    "sensitivity": sensitivity_scenario,
     "failure": failure_scenario,
     "mismatch": mismatch_scenario,
 }

@@ -133,6 +133,15 @@ def test_the_compare_report_on_every_rank_equals_one_process(ranks, one_thread):
         assert result["metric"] == single["metric"] and result["summary"] == single["summary"]
 
 
+def test_sensitivity_on_every_rank_equals_one_process(ranks, one_thread):
+    world, _ = ranks
+    merged = _results(ranks, "sensitivity")
+    single = w.sensitivity_scenario(0, world, None)
+    for rank, result in enumerate(merged):
+        assert result["df"].equals(single["df"]), f"rank {rank}"
+        assert result["attrs"] == single["attrs"], f"rank {rank}"
+
+
 def test_a_failing_rank_is_named_on_every_rank_and_nobody_hangs(ranks):
     messages = _results(ranks, "failure")
     for message in messages:
