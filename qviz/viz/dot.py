@@ -142,6 +142,9 @@ def _add_node(
     higher: bool = True,
 ) -> None:
     tooltip = node.tooltip or node.name
+    if node.kind == "ref":
+        _add_ref(g, node, highlighted)
+        return
     if node.kind == "marker":
         label = node.label if not node.detail else f"{node.label}\\n{node.detail}"
         g.node(
@@ -161,6 +164,23 @@ def _add_node(
         tooltip = f"{metric or 'metric'} = {node.value:.6g}\\n{tooltip}"
     label = _table(node, highlighted, span, metric, higher)
     g.node(node.name, label=label, shape="plaintext", tooltip=tooltip)
+
+
+def _add_ref(g: Any, node: ViewNode, highlighted: bool) -> None:
+    """A reference box: the names of a node's inputs whose edges are too long to draw."""
+    g.node(
+        node.name,
+        label=node.label,
+        shape="box",
+        style="rounded,dashed,filled",
+        fillcolor="#fafafa",
+        color=_HIGHLIGHT if highlighted else "#9e9e9e",
+        fontcolor="#555555",
+        fontsize="8",
+        height="0.2",
+        margin="0.04,0.02",
+        tooltip=node.tooltip or node.name,
+    )
 
 
 def _is_highlighted(node: ViewNode, highlight: Collection[str]) -> bool:
@@ -251,6 +271,8 @@ def _legend_rows(stage: str, kinds: set[str], muted: bool) -> list[tuple[str, st
         rows.append((_STYLE["float"][0], "left in float (hover: reason)"))
     if "collapsed" in kinds:
         rows.append((_STYLE["collapsed"][0], "collapsed module (op count)"))
+    if "ref" in kinds:
+        rows.append(("#fafafa", "from ...: inputs whose edges are too long to draw (hover: all)"))
     return rows
 
 
@@ -318,4 +340,6 @@ def _edge_attrs(edge: ViewEdge) -> dict[str, str]:
         attrs.update(tooltip=edge.tooltip, labeltooltip=edge.tooltip)
     if edge.style == "float":
         attrs.update(style="dashed", color="#aaaaaa", fontcolor="#888888")
+    if edge.style == "ref":
+        attrs.update(style="dotted", color="#9e9e9e")
     return attrs

@@ -29,6 +29,7 @@ from torch.fx import GraphModule
 from qviz.errors import ConfigError, MissingDependencyError
 from qviz.viz.dot import to_digraph
 from qviz.viz.hierarchy import collapse as collapse_view
+from qviz.viz.long_edges import fold_long_edges
 from qviz.viz.stages import GraphView, read_graph
 
 __all__ = ["QGraph", "graph"]
@@ -266,4 +267,5 @@ def graph(
             view, metric_span=_span(metric_range), higher_is_better=bool(higher_is_better)
         )
     view = collapse_view(view, collapse, (name for name, _ in model.named_modules()))
+    view = fold_long_edges(view)
     return QGraph(view, to_digraph(view, _highlight(highlight)))

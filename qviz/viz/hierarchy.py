@@ -166,7 +166,7 @@ def cluster_paths(view: GraphView) -> list[str]:
     """Module paths worth a cluster: those holding two ops or more (sorted, parents first)."""
     held: dict[str, int] = {}
     for node in view.nodes:
-        if node.kind == "marker":
+        if node.kind in ("marker", "ref"):
             continue
         parts = node.module.split(".") if node.module else []
         for depth in range(1, len(parts) + 1):

@@ -58,7 +58,9 @@ class ViewNode:
     """One box to draw.
 
     ``kind`` is one of ``input``, ``output``, ``param``, ``op``, ``float`` (an op the plan left
-    in float), ``marker`` (an observer on an edge), ``quantize``, ``dequantize``, ``collapsed``.
+    in float), ``marker`` (an observer on an edge), ``quantize``, ``dequantize``, ``collapsed``,
+    ``ref`` (the names of a node's inputs whose edges are too long to draw, see
+    :mod:`qviz.viz.long_edges`).
     ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
     ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``).
     """
@@ -80,7 +82,8 @@ class ViewEdge:
     """An arrow from ``src`` to ``dst`` (names of :class:`ViewNode`).
 
     ``label`` is short text on the arrow (an annotated input spec), ``tooltip`` its full text,
-    ``style`` ``""`` or ``"float"`` (an input the annotation leaves unquantized: grey, dashed).
+    ``style`` ``""``, ``"float"`` (an input the annotation leaves unquantized: grey, dashed) or
+    ``"ref"`` (from a reference box to the node whose long inputs it names: grey, dotted).
     """
 
     src: str

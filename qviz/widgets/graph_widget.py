@@ -56,14 +56,16 @@ def strip_prolog(svg: str) -> str:
 
 
 def marker_refs(qgraph: QGraph) -> dict[str, list[str]]:
-    """``{marker name: the plan tensors it observes}`` for each observer marker drawn.
+    """``{marker name: the plan tensors it observes}`` for each observer marker drawn, and
+    ``{reference box: the edges it names}`` for each box standing for long edges.
 
     Example:
         >>> import torch, qviz
         >>> marker_refs(graph(qviz.export(torch.nn.ReLU(), (torch.randn(2),))))
         {}
     """
-    return {n.name: list(n.refs) for n in qgraph.view.nodes if n.kind == "marker" and n.refs}
+    kinds = ("marker", "ref")
+    return {n.name: list(n.refs) for n in qgraph.view.nodes if n.kind in kinds and n.refs}
 
 
 class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
