@@ -248,7 +248,7 @@ def move_exported_model_to_train(model: GraphModule) -> GraphModule:
         >>> import torch, qviz
         >>> model = torch.nn.Sequential(torch.nn.BatchNorm1d(3)).eval()
         >>> gm = qviz.export(model, (torch.randn(4, 3),))
-        >>> _ = qviz.move_exported_model_to_train(gm)(torch.randn(4, 3) + 5)
+        >>> _ = qviz.move_exported_model_to_train(gm)(torch.full((4, 3), 5.0))
         >>> bool((gm.state_dict()["0.running_mean"] > 0.4).all())
         True
     """
