@@ -95,6 +95,7 @@ class FakeQuantizeBase(nn.Module):
         super().__init__()
         self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
         self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
+        self._observing = True  # observer_enabled as a Python flag: read without a device sync
 
     def enable_fake_quant(self, enabled: bool = True) -> None:
         """Quantize the output (``enabled=False``: pass it through unchanged)."""
@@ -107,6 +108,7 @@ class FakeQuantizeBase(nn.Module):
     def enable_observer(self, enabled: bool = True) -> None:
         """Update the statistics and qparams on every forward (``enabled=False``: freeze them)."""
         self.observer_enabled[0] = 1 if enabled else 0
+        self._observing = bool(enabled)
 
     def disable_observer(self) -> None:
         """Freeze the statistics and qparams."""
@@ -247,6 +249,7 @@ class FakeQuantize(FakeQuantizeBase):
             if isinstance(saved, torch.Tensor):
                 getattr(self, name).resize_(saved.shape)
         super()._load_from_state_dict(state_dict, prefix, *args)
+        self._observing = bool(self.observer_enabled[0])
 
 
 class FixedQParamsFakeQuantize(FakeQuantize):
@@ -322,6 +325,9 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         """Fold ``X`` into the moving averages, update the qparams, fake-quantize (one op)."""
         post = self.activation_post_process
+        if self._observing:  # the counts the fused op skips (a merge across processes uses them)
+            post.num_batches += 1
+            post.num_elements += X.numel()
         return torch.fused_moving_avg_obs_fake_quant(
             X,
             self.observer_enabled,

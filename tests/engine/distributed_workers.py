@@ -207,6 +207,31 @@ def sensitivity_scenario(rank: int, world: int, group) -> dict:
     return {"df": df, "attrs": dict(df.attrs)}
 
 
+def qat_scenario(rank: int, world: int, group, only: int | None = None) -> dict:
+    """A QAT-prepared digits model (fused fake-quantize modules, moving averages) run on
+    shards, its BatchNorm in eval mode: the fake quantizers' observers merge by the moving-average
+    rule and their scale / zero_point follow. ``only``: one rank's shard in this process."""
+    batches = digits_batches()
+    gm = qviz.export(digits_model().train(), (batches[0],), dynamic_batch=True)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
+    prepared = qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    qviz.move_exported_model_to_eval(prepared)  # BatchNorm statistics are not observers
+    mine = shards(world, len(batches))[rank if only is None else only]
+    if only is not None and not mine:
+        return {"state": None}
+    qviz.calibrate(prepared, [batches[i] for i in mine], progress=False, group=group)
+    fake_quantizers = {
+        n: m for n, m in prepared.named_modules() if hasattr(m, "activation_post_process")
+    }
+    return {
+        "state": {k: v.clone() for k, v in prepared.state_dict().items() if "post_process" in k},
+        "batches": {n: m.activation_post_process.num_batches for n, m in fake_quantizers.items()},
+        "qparams": {
+            n: tuple(t.clone() for t in m.calculate_qparams()) for n, m in fake_quantizers.items()
+        },
+    }
+
+
 # -- failure scenarios (distributed only) ---------------------------------------------------------
 def failure_scenario(rank: int, world: int, group) -> str:
     """Rank 1 feeds a batch of the wrong shape: every rank must raise, naming rank 1."""
@@ -243,6 +268,7 @@ SCENARIOS = {
     "quantizers": quantizers_scenario,
     "compare": compare_scenario,
     "sensitivity": sensitivity_scenario,
+    "qat": qat_scenario,
     "failure": failure_scenario,
     "mismatch": mismatch_scenario,
 }

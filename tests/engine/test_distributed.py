@@ -124,6 +124,28 @@ def test_moving_averages_merge_as_the_batch_weighted_mean_of_the_ranks(ranks, on
         _assert_equal(result["state"], merged[0]["state"], f"rank {rank}")
 
 
+def test_fake_quantizers_merge_their_moving_averages_and_follow_with_their_qparams(
+    ranks, one_thread
+):
+    world, _ = ranks
+    merged = _results(ranks, "qat")
+    local = [w.qat_scenario(r, world, None, only=r) for r in range(world)]
+    seen = [part for part in local if part["state"] is not None]
+    state = merged[0]["state"]
+    for name, batches in merged[0]["batches"].items():
+        weights = [part["batches"][name] for part in seen]
+        assert batches == sum(weights), name
+        for which in ("min_val", "max_val"):
+            key = f"{name}.activation_post_process.{which}"
+            expected = sum(p["state"][key].double() * n for p, n in zip(seen, weights, strict=True))
+            assert torch.equal(state[key], (expected / sum(weights)).float()), key
+        scale, zero_point = merged[0]["qparams"][name]  # the merged observer's qparams ...
+        assert torch.equal(state[f"{name}.scale"], scale), name  # ... are the module's
+        assert torch.equal(state[f"{name}.zero_point"], zero_point), name
+    for rank, result in enumerate(merged[1:], start=1):
+        _assert_equal(result["state"], state, f"rank {rank}")
+
+
 def test_the_compare_report_on_every_rank_equals_one_process(ranks, one_thread):
     world, _ = ranks
     merged = _results(ranks, "compare")
