@@ -21,7 +21,7 @@ Example:
     >>> view = GraphView("float", tuple(chain), tuple(edges))
     >>> virtual_nodes(view)
     6
-    >>> folded = fold_long_edges(view, budget=0, per_node=0, min_span=2)
+    >>> folded = fold_long_edges(view, budget=0, min_span=2)
     >>> [(n.name, n.label) for n in folded.nodes if n.kind == "ref"]
     [('ref/n7', 'from n0')]
     >>> ("n0", "n7") in {(e.src, e.dst) for e in folded.edges}
@@ -34,14 +34,14 @@ from dataclasses import replace
 
 from qviz.viz.stages import GraphView, ViewEdge, ViewNode
 
-__all__ = ["LAYOUT_BUDGET", "MIN_SPAN", "PER_NODE", "fold_long_edges", "ranks", "virtual_nodes"]
+__all__ = ["LAYOUT_BUDGET", "MIN_SPAN", "fold_long_edges", "ranks", "virtual_nodes"]
 
-#: The virtual nodes dot is given, plus :data:`PER_NODE` per drawn node: under 1 s of layout on
-#: one laptop core for densenet201. Measured (estimates of this module): swin_v2_t's observed
-#: graph needs ~13,600 for 1,482 nodes, maxvit_t's ~17,100 for 1,935, both whole; densenet121's
-#: ~38,400 for 747 nodes (3.7 s of layout), densenet201's ~260,000 for 1,227.
+#: The virtual nodes dot is given: about 1 s of layout for densenet201's observed graph on one
+#: core. Estimates of this module: densenet121's observed graph needs ~38,400 for 747 nodes
+#: (3.7 s of layout unfolded), densenet201's ~260,000 for 1,227 (over a minute); swin_v2_t's
+#: ~13,600 and maxvit_t's ~17,100 lose a few of their longest edges (0.4 s either way);
+#: ResNets, MobileNets, EfficientNets, ViT and the transformer encoders need under 2,100.
 LAYOUT_BUDGET = 12_000
-PER_NODE = 4
 #: Edges spanning this many ranks or fewer are always drawn as arrows.
 MIN_SPAN = 8
 _NAMES_PER_LINE = 3
@@ -54,7 +54,9 @@ def ranks(view: GraphView) -> dict[str, int]:
     First the longest path to each node from a node with no inputs; then, walking back from the
     outputs, a node with more edges out than in (a weight's observer marker, an input) moves
     down to just above its first consumer, which shortens more edges than it lengthens (dot
-    places a weight beside its conv too, not at the top of the page). Nodes on a cycle (there
+    places a weight beside its conv too, not at the top of the page), and so does a node drawn
+    in its one consumer's module cluster but not in its inputs' (a converted graph's
+    dequantize). Nodes on a cycle (there
     are none in an exported graph) keep the rank reached so far.
 
     Example:
@@ -82,11 +84,28 @@ def ranks(view: GraphView) -> dict[str, int]:
             into[dst] -= 1
             if into[dst] == 0:
                 ready.append(dst)
+    module = {n.name: n.module for n in view.nodes}
+    above: dict[str, list[str]] = {}
+    for src, dsts in out.items():
+        for dst in dsts:
+            above.setdefault(dst, []).append(src)
     for name in reversed(order):
         below = out.get(name)
-        if below and len(below) > indegree[name]:
+        if below and (len(below) > indegree[name] or _joins_consumer(name, below, above, module)):
             rank[name] = max(rank[name], min(rank[d] for d in below) - 1)
     return rank
+
+
+def _joins_consumer(
+    name: str, below: list[str], above: dict[str, list[str]], module: dict[str, str]
+) -> bool:
+    """Whether ``name`` is drawn in its one consumer's module cluster and not in its inputs'
+    (a converted graph's dequantize sits with the op it feeds): dot keeps a cluster together,
+    so the node lands just above the consumer."""
+    home = module[name]
+    if len(below) != 1 or not home or module[below[0]] != home:
+        return False
+    return all(module[src] != home for src in above.get(name, ()))
 
 
 def _span(edge: ViewEdge, rank: dict[str, int]) -> int:
@@ -138,15 +157,13 @@ def _ref_node(dst: ViewNode, sources: list[ViewNode], folded: list[ViewEdge]) ->
 def fold_long_edges(
     view: GraphView,
     budget: int = LAYOUT_BUDGET,
-    per_node: int = PER_NODE,
     min_span: int = MIN_SPAN,
 ) -> GraphView:
     """``view`` with its longest edges drawn as reference boxes until dot's work fits ``budget``.
 
     Args:
         view: the records to draw.
-        budget: the virtual nodes allowed (see :data:`LAYOUT_BUDGET`) ...
-        per_node: ... plus this many per drawn node.
+        budget: the virtual nodes allowed (see :data:`LAYOUT_BUDGET`).
         min_span: edges spanning this many ranks or fewer are never folded.
 
     Returns:
@@ -156,14 +173,13 @@ def fold_long_edges(
         names them (an observer marker's producer for the marker), what a click selects.
     """
     rank = ranks(view)
-    allowed = budget + per_node * len(view.nodes)
     cost = virtual_nodes(view, rank)
-    if cost <= allowed:
+    if cost <= budget:
         return view
     folded: set[tuple[str, str]] = set()
     for e in sorted(view.edges, key=lambda e: -_span(e, rank)):
         span = _span(e, rank)
-        if cost <= allowed or span <= min_span:
+        if cost <= budget or span <= min_span:
             break
         folded.add((e.src, e.dst))
         cost -= span - 1
