@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -45,6 +46,9 @@ from qviz.errors import ConfigError
 from qviz.numeric.qat_tally import Pending, Tally, sample_rows, tally_all
 
 __all__ = ["QATMonitor", "QATRecord"]
+
+#: samples kept per module between two steps before they are tallied anyway (memory bound)
+_MAX_PENDING = 8
 
 
 @dataclass(frozen=True)
@@ -83,12 +87,20 @@ def _groups(model: nn.Module) -> dict[str, int]:
     return {g.observer: g.group for g in groups if getattr(g, "observer", None)}
 
 
-def _read_qparams(scale: torch.Tensor, zero: torch.Tensor) -> tuple[float, float, float, float]:
-    """(mean, min, max of the scale, mean zero_point) in one read from the device."""
-    scale = scale.float().reshape(-1)
-    stats = torch.stack([scale.mean(), scale.min(), scale.max(), zero.float().mean()])
-    mean, low, high, zero_point = stats.tolist()
-    return mean, low, high, zero_point
+def _read_all(modules: list[nn.Module]) -> list[tuple[list[float], list[float]]]:
+    """Every module's scales and zero_points as Python floats, in one read from the device."""
+    scales = [m.scale.detach().reshape(-1) for m in modules]
+    zeros = [m.zero_point.detach().reshape(-1) for m in modules]
+    device = scales[0].device
+    flat = torch.cat([t.to(device, torch.float64) for t in scales + zeros]).tolist()
+    out, at = [], 0
+    for t in scales:
+        out.append([flat[at : at + t.numel()]])
+        at += t.numel()
+    for entry, t in zip(out, zeros, strict=True):
+        entry.append(flat[at : at + t.numel()])
+        at += t.numel()
+    return [tuple(e) for e in out]
 
 
 class QATMonitor:
@@ -137,11 +149,8 @@ class QATMonitor:
         self.max_records = max_records
         self._group = _groups(model)
         self._tally = {n: Tally() for n in self.modules}
-        self._pending: dict[str, Pending] = {}
-        self._last: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(
-            self.modules
-        )
-        self._read: dict[str, tuple[float, float, float, float]] = {}
+        self._pending: dict[str, list[Pending]] = {}
+        self._last: dict[str, tuple | None] = dict.fromkeys(self.modules)
         self._records: dict[str, list[QATRecord]] = {n: [] for n in self.modules}
         self.changes = dict.fromkeys(self.modules, 0)  # exact counts, never thinned
         self.steps = 0
@@ -166,16 +175,25 @@ class QATMonitor:
             return
         scale = module.scale.detach()
         axis = module.ch_axis % x.dim() if scale.numel() > 1 else None
-        self._pending[name] = Pending(
+        samples = self._pending.setdefault(name, [])
+        if len(samples) >= _MAX_PENDING:  # many forwards without a step: tally what waits
+            tally_all(samples, self._tally)
+            samples.clear()
+        samples.append(Pending(
             name, sample_rows(x, axis, self.sample), scale, module.zero_point.detach(),
             int(module.quant_min), int(module.quant_max),
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _flush(self, name: str) -> None:
-        """Tally ``name``'s pending sample before its next forward changes its qparams."""
-        pending = self._pending.pop(name, None)
-        if pending is not None:
-            tally_all([pending], self._tally)
+        """Before ``name`` runs again in the same step (its qparams may move), keep a copy of
+        the qparams its pending samples used; everything is tallied at :meth:`step`."""
+        for pending in self._pending.get(name, ()):
+            if not pending.frozen:
+                pending.scale, pending.zero_point = (
+                    pending.scale.clone(),
+                    pending.zero_point.clone(),
+                )
+                pending.frozen = True
 
     def step(self, loss: float | torch.Tensor | None = None, metric: float | None = None) -> None:
         """Record the current state of every module; call it after each optimizer step.
@@ -184,7 +202,7 @@ class QATMonitor:
             loss: the step's loss (a tensor is read with ``float()``).
             metric: any number to plot beside it (an accuracy, a learning rate).
         """
-        tally_all(list(self._pending.values()), self._tally)
+        tally_all([p for samples in self._pending.values() for p in samples], self._tally)
         self._pending.clear()
         self.steps += 1
         loss = (
@@ -193,8 +211,9 @@ class QATMonitor:
             else None
         )
         now = []
-        for name, module in self.modules.items():
-            now.append(self._record(name, module, loss, metric))
+        read = _read_all(list(self.modules.values()))
+        for name, qparams in zip(self.modules, read, strict=True):
+            now.append(self._record(name, qparams, loss, metric))
             self._records[name].append(now[-1])
             if len(self._records[name]) > self.max_records:
                 self._records[name] = self._records[name][::2]
@@ -239,21 +258,18 @@ class QATMonitor:
         if callback in self._callbacks:
             self._callbacks.remove(callback)
 
-    def _record(self, name: str, module: nn.Module, loss, metric) -> QATRecord:
-        scale, zero = module.scale.detach(), module.zero_point.detach()
-        last = self._last[name]
-        changed = last is None or not (torch.equal(last[0], scale) and torch.equal(last[1], zero))
+    def _record(self, name: str, qparams: tuple, loss, metric) -> QATRecord:
+        scales, zeros = qparams
+        changed = self._last[name] != qparams  # exact: the floats are the tensors' values
         self.changes[name] += int(changed)
-        if changed:  # read the new qparams once; an unchanged step reuses the last reading
-            self._last[name] = (scale.clone(), zero.clone())
-            self._read[name] = _read_qparams(scale, zero)
+        self._last[name] = qparams
         tally, self._tally[name] = self._tally[name], Tally()
         clipped, over = tally.shares()  # nan: a step whose tensors were not tallied
-        mean, low, high, zero_point = self._read[name]
         return QATRecord(
             step=self.steps, name=name, group=self._group.get(name),
-            per_channel=scale.numel() > 1, scale=mean, scale_min=low, scale_max=high,
-            zero_point=zero_point, changed=changed, clipped=clipped,
+            per_channel=len(scales) > 1, scale=math.fsum(scales) / len(scales),
+            scale_min=min(scales), scale_max=max(scales),
+            zero_point=math.fsum(zeros) / len(zeros), changed=changed, clipped=clipped,
             mean_abs_over_scale=over, loss=loss, metric=metric,
         )  # fmt: skip
 

@@ -24,11 +24,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
+from torch.nn import functional as F
 
 __all__ = ["Pending", "Tally", "sample_rows", "tally_all"]
 
@@ -58,6 +59,7 @@ class Pending:
     zero_point: torch.Tensor
     quant_min: int
     quant_max: int
+    frozen: bool = False  # scale / zero_point copied (the module ran again before the step)
 
 
 class Tally:
@@ -75,26 +77,30 @@ class Tally:
         return self.clipped / self.total, self.abs_over_scale / self.total
 
 
+def _pad(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """``rows`` with zero columns appended up to ``width``."""
+    return rows if rows.shape[1] == width else F.pad(rows, (0, width - rows.shape[1]))
+
+
 def _tally_group(group: list[Pending], tallies: dict[str, Tally]) -> None:
     """One padded matrix, one mask kernel, one read from the device for ``group``."""
-    rows = [row for p in group for row in p.rows.unbind(0)]
-    padded = pad_sequence(rows, batch_first=True)
+    width = max(p.rows.shape[1] for p in group)
+    padded = torch.cat([_pad(p.rows, width) for p in group])
     scales = torch.cat([p.scale.reshape(-1).expand(p.rows.shape[0]) for p in group]).float()
     zeros = torch.cat([p.zero_point.reshape(-1).expand(p.rows.shape[0]) for p in group])
     _, mask = _aten.fake_quantize_per_channel_affine_cachemask.default(
         padded, scales, zeros.to(torch.int32), 0, group[0].quant_min, group[0].quant_max
-    )
-    per_row = torch.stack([(~mask).sum(1, dtype=torch.float32), padded.abs().sum(1) / scales])
-    owner = torch.repeat_interleave(
-        torch.arange(len(group), device=padded.device),
-        torch.tensor([p.rows.shape[0] for p in group], device=padded.device),
-    )
-    per_module = torch.zeros(2, len(group), device=padded.device).index_add_(1, owner, per_row)
-    for p, (clipped, over) in zip(group, per_module.T.tolist(), strict=True):
+    )  # padding (zeros) lands on the zero_point, inside the grid: never counted as clipped
+    kept, over = torch.stack([mask.sum(1, dtype=torch.float32), padded.abs().sum(1) / scales])
+    kept, over = kept.tolist(), over.tolist()
+    at = 0
+    for p in group:
+        count, length = p.rows.shape
         tally = tallies[p.name]
-        tally.clipped += clipped
-        tally.abs_over_scale += over
-        tally.total += p.rows.numel()
+        tally.clipped += count * width - math.fsum(kept[at : at + count])  # padding is kept
+        tally.abs_over_scale += math.fsum(over[at : at + count])
+        tally.total += count * length
+        at += count
 
 
 def tally_all(pending: list[Pending], tallies: dict[str, Tally]) -> None:
