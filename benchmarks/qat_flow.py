@@ -10,7 +10,8 @@ both (XNNPACK-style, per-channel symmetric int8 weights, QAT): ``prepare_qat_pt2
 step (SGD with momentum, cross-entropy; median of ``STEPS``) and ``convert_pt2e`` after those
 steps. qviz and the reference run in turn ``REPEATS`` times (``QVIZ_BENCH_REPEATS``, default 3),
 2 threads; medians are printed with the ratio qviz / reference, and whether the two converted
-models give bit-identical outputs on a batch (they should: the same weights, batches and steps).
+models, in eval mode, give bit-identical outputs on a batch (they should: the same weights,
+batches, steps and dropout masks).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def _train(model: torch.nn.Module, batches: list[torch.Tensor], classes: int) ->
     """One SGD step per batch but the last; the time of each."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)  # dropout (mobilenet_v2's classifier) draws the same masks for both
     times = []
     for x in batches[:-1]:
         target = torch.randint(0, classes, (x.shape[0],), generator=g)
@@ -76,6 +78,7 @@ def _flow(gm, prepare, convert, quantizer, batches, classes) -> tuple[float, flo
     t_prepare, prepared = _seconds(lambda: prepare(copy.deepcopy(gm), quantizer))
     t_step = median(_train(prepared, batches, classes))
     t_convert, converted = _seconds(lambda: convert(prepared))
+    qviz.move_exported_model_to_eval(converted)  # dropout off: the comparison is deterministic
     return t_prepare, t_step, t_convert, converted
 
 

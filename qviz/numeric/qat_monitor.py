@@ -7,9 +7,10 @@ records for every fake-quantize module its scale and zero_point, whether they ch
 previous step, the share of elements it clipped (where the straight-through gradient is zero)
 and the mean ``|x| / scale`` of what it saw (how many steps of the grid the values span).
 
-The statistics of a tensor are taken by a forward hook on the fake-quantize module, with the
-scale it has just used, on an evenly strided subset of at most ``sample`` elements (8192 by
-default; None for all), and summed over the forward passes between two ``step()`` calls.
+The statistics of a tensor are taken on an evenly strided copy of at most ``sample`` elements
+(8192 by default; None for all) that a forward hook on the fake-quantize module keeps with the
+qparams it used; ``step()`` tallies every module's copies at once (:mod:`qviz.numeric.qat_tally`)
+and sums them over the forward passes since the last step.
 Memory is bounded: past ``max_records`` steps per module, every other record is dropped (the
 change counts stay exact).
 
@@ -113,8 +114,9 @@ class QATMonitor:
         max_records: records kept per module; past it, every other one is dropped.
         stats_every: tally the tensors on every n-th step only (the clipped share and
             mean |x| / scale of the others are nan; scales and changes are read every step),
-            for a monitor that costs less: on the digits model the tally is about two thirds
-            of the monitor's cost.
+            for a monitor that costs less: on a digits QAT step the monitor costs about 15 %
+            with every step tallied, 9 % with ``stats_every=4``, 2.4 % on a step it does not
+            tally (``benchmarks/qat_monitor.py``).
         sample: the clipped share and mean |x| / scale of a tensor are taken on every k-th
             element, at most about this many (per channel: in every channel alike), which
             keeps the monitor's cost a small share of a training step; None takes them all.

@@ -237,6 +237,29 @@ def test_resnet18_trains_and_converts_as_torchao() -> None:
     _assert_same_conversion(ref, ours, batches)
 
 
+@pytest.mark.slow
+def test_mobilenet_v2_trains_and_converts_as_torchao() -> None:
+    """Depthwise conv + BatchNorm, ReLU6, residual adds and a Dropout: the same dropout masks
+    (one seed before each training), then both converted models compared in eval mode."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    batches = _batches(2, (2, 3, 32, 32))
+    gm = qviz.export(torchvision.models.mobilenet_v2(num_classes=10).train(), (batches[0],))
+    ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(True))
+    ours = qviz.prepare_qat_pt2e(gm, _our_quantizer(True))
+    torch.manual_seed(1)
+    ref_out = _train(ref, batches, None)
+    torch.manual_seed(1)
+    our_out = _train(ours, batches, None)
+    _assert_same_training(ref, ours, ref_out, our_out)
+    ref_q, our_q = ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+    assert _qparams(ref_q) == _qparams(our_q)
+    qviz.move_exported_model_to_eval(ref_q)
+    qviz.move_exported_model_to_eval(our_q)
+    for x in batches:
+        assert torch.equal(ref_q(x), our_q(x))
+
+
 def test_dynamic_qat_linear_as_torchao() -> None:
     """Dynamic QAT config (FakeQuantize with a moving-average observer, averaging_constant=1,
     on activations): training, then choose_qparams at run time after convert."""
