@@ -390,12 +390,10 @@ def compare(
     """
     sharded = distributed.active(group)
     if is_quant_nn_model(quantized_model):
-        if sharded:
-            raise ConfigError(
-                "compare(..., group=...) measures PT2E converted models across processes; for a "
-                "quant_nn model, compare each rank's shard with group=None"
-            )
-        return compare_modules(float_model, quantized_model, data, metric=metric, progress=progress)
+        return compare_modules(
+            float_model, quantized_model, data, metric=metric, progress=progress,
+            group=group if sharded else False,
+        )  # fmt: skip
     if sharded:
         return _compare_sharded(float_model, quantized_model, data, metric, progress, group)
     if not isinstance(quantized_model, GraphModule):

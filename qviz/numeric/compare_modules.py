@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
+from qviz.engine import distributed
 from qviz.engine.calibrate_quantizers import batch_errors
 from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor_quantizer import TensorQuantizer
@@ -59,7 +60,7 @@ from qviz.numeric.batches import (
     split_batch,
 )
 from qviz.numeric.report import NumericReport
-from qviz.numeric.streaming import GridStats, PairStats
+from qviz.numeric.streaming import ExactSum, GridStats, PairStats
 
 __all__ = ["compare_modules", "is_quant_nn_model"]
 
@@ -344,6 +345,7 @@ def compare_modules(
     *,
     metric: Callable[[Any, Any, Any], float] | None = None,
     progress: bool = True,
+    group: Any = False,
 ) -> NumericReport:
     """Compare every quantized layer of a quant_nn model with the float model's layer.
 
@@ -355,6 +357,8 @@ def compare_modules(
         data: batches (tensors, ``(inputs..., target)`` tuples, a DataLoader).
         metric: optional ``metric(float_out, quant_out, target) -> float`` per batch.
         progress: show a progress bar over the batches.
+        group: as for :func:`qviz.numeric.compare`: each rank measures its shard and the
+            statistics merge once, exactly (``False``: this process alone).
 
     Returns:
         A :class:`~qviz.numeric.report.NumericReport`, one row per call of a quantized layer,
@@ -373,9 +377,45 @@ def compare_modules(
     _check_not_calibrating(quantized_model)
     layers = _match(float_model, quantized_model)
     hooks = _Hooks(layers)
+    if distributed.active(group):
+        return _compare_sharded(float_model, quantized_model, layers, hooks, data, metric, group)
     with _eval_mode(float_model, quantized_model), torch.no_grad():
-        figures = _run(float_model, quantized_model, hooks, data, metric, progress)
+        figures = _figures(_run(float_model, quantized_model, hooks, data, metric, progress))
     return NumericReport.from_table(_table(layers, list(hooks.order)), **figures)
+
+
+def _compare_sharded(float_model, quantized_model, layers, hooks, data, metric, group):
+    """Each rank measures its shard; one gather; every rank merges (exact sums)."""
+    rank, _ = distributed.rank_and_size(group)
+    part, error = None, None
+    try:
+        with _eval_mode(float_model, quantized_model), torch.no_grad():
+            totals = _run(float_model, quantized_model, hooks, data, metric, False, empty_ok=True)
+        stats = {layer.name: (layer.cumulative, layer.local, layer.grid) for layer in layers}
+        part = (stats, list(hooks.order), totals)
+    except Exception as exc:  # named on every rank by the gather
+        error = exc
+    parts = distributed.gather_outcomes(part, group, error=error, what="compare")
+    by_name = {layer.name: layer for layer in layers}
+    order: dict[tuple[str, int], None] = {}
+    for other, (stats, their_order, their_totals) in enumerate(parts):
+        order.update(dict.fromkeys(map(tuple, their_order)))
+        if other == rank:
+            continue
+        for name, kinds in stats.items():
+            layer = by_name[name]
+            for mine, theirs in zip(
+                (layer.cumulative, layer.local, layer.grid), kinds, strict=True
+            ):
+                for index, value in theirs.items():
+                    if index in mine:
+                        mine[index].merge(value)
+                    else:
+                        mine[index] = value
+        totals.merge(their_totals)
+    if totals.count == 0:
+        raise ConfigError("compare got no batches on any rank: every shard is empty")
+    return NumericReport.from_table(_table(layers, list(order)), **_figures(totals))
 
 
 def _run(
@@ -385,11 +425,12 @@ def _run(
     data: Any,
     metric: Callable[[Any, Any, Any], float] | None,
     progress: bool,
-) -> dict[str, Any]:
-    """Run both models on every batch (hooks measuring); the model-level figures."""
+    empty_ok: bool = False,
+) -> _Totals:
+    """Run both models on every batch (hooks measuring); the model-level sums."""
     from qviz.numeric.progress import progress_bar
 
-    outputs, metric_sum, samples, count = PairStats(), 0.0, 0, 0
+    outputs, metric_sum, samples, count = PairStats(), ExactSum(), 0, 0
     arity = _arity(quantized_model)
     for index, batch in enumerate(progress_bar(batches_of(data, "compare"), progress, "compare")):
         inputs, target = _split(batch, arity, index)
@@ -409,16 +450,38 @@ def _run(
             outputs.update(f, q)
         size = batch_size(inputs)
         if metric is not None:
-            metric_sum += float(metric(_single(float_out), _single(quant_out), target)) * size
+            metric_sum.add(float(metric(_single(float_out), _single(quant_out), target)) * size)
         samples += size
         count += 1
-    if count == 0:
+    if count == 0 and not empty_ok:
         raise ConfigError("compare needs at least one batch of data")
+    return _Totals(outputs, metric_sum if metric is not None else None, samples, count)
+
+
+@dataclass
+class _Totals:
+    """The model-level sums of one process (picklable, mergeable)."""
+
+    outputs: PairStats
+    metric: ExactSum | None
+    samples: int
+    count: int
+
+    def merge(self, other: _Totals) -> None:
+        self.outputs.merge(other.outputs)
+        if self.metric is not None and other.metric is not None:
+            self.metric.merge(other.metric)
+        self.samples += other.samples
+        self.count += other.count
+
+
+def _figures(totals: _Totals) -> dict[str, Any]:
+    metric = totals.metric
     return {
-        "output_sqnr": outputs.sqnr if outputs.count else math.nan,
-        "metric": metric_sum / samples if metric is not None and samples else None,
-        "batches": count,
-        "samples": samples,
+        "output_sqnr": totals.outputs.sqnr if totals.outputs.count else math.nan,
+        "metric": metric.value / totals.samples if metric is not None and totals.samples else None,
+        "batches": totals.count,
+        "samples": totals.samples,
     }
 
 

@@ -190,6 +190,19 @@ def compare_scenario(rank: int, world: int, group) -> dict:
     return {"df": report.df, "metric": report.metric, "summary": repr(report)}
 
 
+def compare_modules_scenario(rank: int, world: int, group) -> dict:
+    """The numeric report of the quant_nn digits twin over shards (calibrated once, alike)."""
+    from qviz.engine.quant_modules import quantize_model
+
+    batches = digits_batches()
+    float_model = digits_model()
+    model = quantize_model(float_model)
+    qviz.calibrate_quantizers(model, batches[:2], "max", progress=False, group=False)
+    mine = range(len(batches)) if group is None else shards(world, len(batches))[rank]
+    report = compare(float_model, model, [batches[i] for i in mine], progress=False, group=group)
+    return {"df": report.df, "summary": repr(report)}
+
+
 def sensitivity_scenario(rank: int, world: int, group) -> dict:
     """Fallback sensitivity of the residual toy: each variant calibrated on every shard
     (min/max observers: exact) and scored over every shard."""
@@ -268,6 +281,7 @@ SCENARIOS = {
     "quantizers": quantizers_scenario,
     "compare": compare_scenario,
     "sensitivity": sensitivity_scenario,
+    "compare_modules": compare_modules_scenario,
     "qat": qat_scenario,
     "failure": failure_scenario,
     "mismatch": mismatch_scenario,

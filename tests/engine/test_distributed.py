@@ -155,6 +155,15 @@ def test_the_compare_report_on_every_rank_equals_one_process(ranks, one_thread):
         assert result["metric"] == single["metric"] and result["summary"] == single["summary"]
 
 
+def test_the_quant_nn_compare_report_on_every_rank_equals_one_process(ranks, one_thread):
+    world, _ = ranks
+    merged = _results(ranks, "compare_modules")
+    single = w.compare_modules_scenario(0, world, None)
+    for rank, result in enumerate(merged):
+        assert result["df"].equals(single["df"]), f"rank {rank}"
+        assert result["summary"] == single["summary"], f"rank {rank}"
+
+
 def test_sensitivity_on_every_rank_equals_one_process(ranks, one_thread):
     world, _ = ranks
     merged = _results(ranks, "sensitivity")
