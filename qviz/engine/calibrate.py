@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -115,17 +115,37 @@ def calibrate(
             every rank, naming the rank and its error).
         ConfigError: distributed: the ranks' prepared models differ.
     """
+    check_max_batches(max_batches)
+    work = functools.partial(_calibrate_shard, model, data, max_batches)
+    run_calibration(model, work, progress, group, "calibrate")
+    return model
+
+
+def check_max_batches(max_batches: Any) -> None:
+    """``max_batches`` is a positive int or None, else a ConfigError."""
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
         raise ConfigError(f"max_batches must be a positive int or None, got {max_batches!r}")
+
+
+def batch_total(batches: Any, max_batches: int | None) -> int | None:
+    """How many batches a progress bar over ``batches`` will see (None: unknown)."""
+    total = len(batches) if hasattr(batches, "__len__") else None
+    if max_batches is not None:
+        total = min(total, max_batches) if total is not None else max_batches
+    return total
+
+
+def run_calibration(
+    model: nn.Module, work: Callable[[bool], int], progress: bool, group: Any, what: str
+) -> None:
+    """Run ``work(show_progress)`` (this process's batches through ``model``; how many ran):
+    alone, or as this rank's shard followed by the merge of every observer across the ranks
+    (:func:`qviz.engine.distributed.run_sharded`; the progress bar is rank 0's)."""
     if distributed.active(group):
         rank, _ = distributed.rank_and_size(group)
-        shard = functools.partial(
-            _calibrate_shard, model, data, max_batches, progress and rank == 0
-        )
-        return distributed.run_sharded(model, shard, group)
-    if _calibrate_shard(model, data, max_batches, progress) == 0:
-        raise CalibrationError("calibrate got no batches: the data is empty")
-    return model
+        distributed.run_sharded(model, functools.partial(work, progress and rank == 0), group)
+    elif work(progress) == 0:
+        raise CalibrationError(f"{what} got no batches: the data is empty")
 
 
 def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progress: bool) -> int:
@@ -134,9 +154,7 @@ def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progr
 
     _check_prepared(model)
     batches = _batches(data)
-    total = len(batches) if hasattr(batches, "__len__") else None
-    if max_batches is not None:
-        total = min(total, max_batches) if total is not None else max_batches
+    total = batch_total(batches, max_batches)
     seen = 0
     with torch.no_grad():
         bar = tqdm(batches, total=total, desc="calibrating", disable=not progress)

@@ -26,13 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from qviz.engine import distributed
 from qviz.engine.calib import CalibMethod
-from qviz.engine.calibrate import _batches
+from qviz.engine.calibrate import _batches, batch_total, check_max_batches, run_calibration
 from qviz.engine.inputs import guard_errors
 from qviz.engine.quantizer_records import quantizer_role
 from qviz.engine.tensor_quantizer import TensorQuantizer
-from qviz.errors import CalibrationError, ConfigError, QvizError
+from qviz.errors import CalibrationError, QvizError
 
 __all__ = ["AmaxTable", "QuantizerAmax", "batch_errors", "calibrate_quantizers"]
 
@@ -161,6 +160,15 @@ def _calibrating(model: nn.Module, quantizers: list[tuple[str, TensorQuantizer]]
         model.train(was_training)
 
 
+def _check_all_saw_data(quantizers: list[tuple[str, TensorQuantizer]]) -> None:
+    idle = [name for name, tq in quantizers if tq.calibrator.num_batches == 0]
+    if idle:
+        raise CalibrationError(
+            f"these quantizers saw no data: {idle}; their layers never ran on the calibration "
+            f"batches (check the model's forward), or disable them with .disable()"
+        )
+
+
 def calibrate_quantizers(
     model: nn.Module,
     data: Any,
@@ -205,8 +213,7 @@ def calibrate_quantizers(
             quantizers that saw no data (named: their layers never ran).
     """
     method, weight_method = CalibMethod.parse(method), CalibMethod.parse(weight_method)
-    if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
-        raise ConfigError(f"max_batches must be a positive int or None, got {max_batches!r}")
+    check_max_batches(max_batches)
     quantizers = _quantizers(model)
     chosen = {
         name: weight_method if quantizer_role(name) == "weight" else method
@@ -215,28 +222,14 @@ def calibrate_quantizers(
     for name, tq in quantizers:
         tq.set_calib_method(chosen[name])
     batches = _batches(data)
-    total = len(batches) if hasattr(batches, "__len__") else None
-    if max_batches is not None:
-        total = min(total, max_batches) if total is not None else max_batches
-    if distributed.active(group):  # raises on every rank when every shard is empty
-        rank, _ = distributed.rank_and_size(group)
+    total = batch_total(batches, max_batches)
 
-        def shard() -> int:
-            with _calibrating(model, quantizers):
-                return _collect(model, batches, total, progress and rank == 0)
-
-        distributed.run_sharded(model, shard, group)
-    else:
+    def shard(show_progress: bool) -> int:
         with _calibrating(model, quantizers):
-            seen = _collect(model, batches, total, progress)
-        if seen == 0:
-            raise CalibrationError("calibrate_quantizers got no batches: the data is empty")
-    idle = [name for name, tq in quantizers if tq.calibrator.num_batches == 0]
-    if idle:
-        raise CalibrationError(
-            f"these quantizers saw no data: {idle}; their layers never ran on the calibration "
-            f"batches (check the model's forward), or disable them with .disable()"
-        )
+            return _collect(model, batches, total, show_progress)
+
+    run_calibration(model, shard, progress, group, "calibrate_quantizers")
+    _check_all_saw_data(quantizers)
     for name, tq in quantizers:
         kwargs = method_kwargs if chosen[name] is method else {}
         try:

@@ -228,24 +228,30 @@ def sensitivity(
     for name in progress_bar(ops, progress, f"sensitivity ({mode})"):
         names = [name] if mode == "fallback" else [o for o in ops if o != name]
         variant = FallbackQuantizer(quantizer, names) if names else quantizer
-        quantized = _quantize(exported_model, variant, calibration, group)
-        out_sqnr, out_metric = evaluator.score(quantized)
-        node = nodes[name]
-        row = {
-            "node": name,
-            "op": getattr(node.target, "__name__", str(node.target)).split(".")[0],
-            "module": module_path(node),
-            "output_sqnr": out_sqnr,
-        }
-        if mode == "fallback":  # how much keeping it in float recovers
-            row["delta_sqnr"] = out_sqnr - base_sqnr
-        if metric is not None:
-            versus = base_metric if mode == "fallback" else evaluator.float_metric
-            row |= {"metric": out_metric, "delta_metric": out_metric - versus}
-        rows.append(row)
+        score = evaluator.score(_quantize(exported_model, variant, calibration, group))
+        versus = base_metric if mode == "fallback" else evaluator.float_metric
+        rows.append(_row(nodes[name], score, mode, base_sqnr, None if metric is None else versus))
     df = _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
     df.attrs["float_metric"] = evaluator.float_metric
     return df
+
+
+def _row(
+    node: Any, score: tuple[float, float | None], mode: str, base_sqnr: float, versus: Any
+) -> dict[str, Any]:
+    """One operator's row; ``versus``: the metric its own is measured against (None: none)."""
+    out_sqnr, out_metric = score
+    row = {
+        "node": node.name,
+        "op": getattr(node.target, "__name__", str(node.target)).split(".")[0],
+        "module": module_path(node),
+        "output_sqnr": out_sqnr,
+    }
+    if mode == "fallback":  # how much keeping it in float recovers
+        row["delta_sqnr"] = out_sqnr - base_sqnr
+    if versus is not None:
+        row |= {"metric": out_metric, "delta_metric": out_metric - versus}
+    return row
 
 
 def _ranked(rows, mode, by_metric, base_sqnr, base_metric) -> Any:
