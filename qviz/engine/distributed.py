@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qviz.engine.fake_quantize import is_fake_quantize
+from qviz.engine.fake_quantize import FakeQuantize
 from qviz.engine.merge_rules import Contributions, Rule, Shape, rule_for
 from qviz.errors import CalibrationError, ConfigError
 
@@ -112,9 +112,8 @@ def _plan_digest(model: nn.Module) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _outcome(model: nn.Module, items: list[_Item], batches: int, error: str | None) -> dict:
+def _outcome(model: nn.Module, items: list[_Item], batches: int) -> dict:
     return {
-        "error": error,
         "batches": batches,
         "plan": _plan_digest(model),
         "items": [(i.name, i.rule.signature(i.obj)) for i in items],
@@ -123,9 +122,7 @@ def _outcome(model: nn.Module, items: list[_Item], batches: int, error: str | No
     }
 
 
-def _check_errors(
-    outcomes: list[dict], rank: int, local: BaseException | None, what: str = "calibration"
-) -> None:
+def _check_errors(outcomes: list[dict], rank: int, local: BaseException | None, what: str) -> None:
     failed = [(r, o["error"]) for r, o in enumerate(outcomes) if o["error"]]
     if not failed:
         return
@@ -223,12 +220,8 @@ def _reduce(parts: list[Contributions], group: Any) -> list[dict[str, torch.Tens
 def _refresh_fake_quantizers(model: nn.Module) -> None:
     """A fake-quantize module's scale / zero_point follow its merged observer."""
     for module in model.modules():
-        if is_fake_quantize(module) and module.activation_post_process.num_batches:
-            scale, zero_point = module.calculate_qparams()
-            scale = scale.to(module.scale.device)
-            zero_point = zero_point.to(module.zero_point.device)
-            module.scale.resize_(scale.shape).copy_(scale)
-            module.zero_point.resize_(zero_point.shape).copy_(zero_point)
+        if isinstance(module, FakeQuantize) and module.activation_post_process.num_batches:
+            module._update_qparams()
 
 
 def merge_observers(
@@ -260,18 +253,15 @@ def merge_observers(
     """
     if not active(group):
         return model
-    import torch.distributed as dist
 
-    rank, size = rank_and_size(group)
     items = _items(model)
-    text = _error_text(error)
-    outcomes: list[Any] = [None] * size
-    dist.all_gather_object(outcomes, _outcome(model, items, batches, text), group=group)
-    _check_errors(outcomes, rank, error)
+    outcomes = gather_outcomes(
+        _outcome(model, items, batches), group, error=error, what="calibration"
+    )
     _check_same_model(outcomes)
     if sum(o["batches"] for o in outcomes) == 0:
         raise CalibrationError(
-            f"calibration on {size} ranks got no batches at all: every shard is empty"
+            f"calibration on {len(outcomes)} ranks got no batches at all: every shard is empty"
         )
     shapes = _shapes(outcomes, items)
     round1 = _reduce([i.rule.round1(i.obj, s) for i, s in zip(items, shapes, strict=True)], group)

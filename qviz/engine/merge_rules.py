@@ -111,9 +111,6 @@ class Rule:
     def keep(self, obj: Any) -> tuple[int, ...] | None:
         return None
 
-    def has_data(self, obj: Any) -> bool:
-        return obj.num_batches > 0
-
     def round1(self, obj: Any, shape: Shape) -> Contributions:
         return {"counts": _counts(obj)}
 
