@@ -65,12 +65,12 @@ from qviz.numeric.batches import (
     batch_size,
     batches_of,
     check_metric,
-    flat_tensors,
     split_batch,
 )
 from qviz.numeric.compare_modules import compare_modules, is_quant_nn_model
 from qviz.numeric.report import NumericReport
-from qviz.numeric.streaming import ExactSum, GridStats, PairStats
+from qviz.numeric.streaming import GridStats, PairStats
+from qviz.numeric.totals import OutputTotals, single
 
 __all__ = ["compare", "float_graph_of", "output_probe", "qdq_ops"]
 
@@ -434,13 +434,10 @@ def _chain_first(first: Any, rest: Iterable[Any]) -> Iterable[Any]:
 
 @dataclass
 class _Measured:
-    """What one process measured: the rows' statistics and the model outputs' (picklable)."""
+    """What one process measured: the rows' statistics and the model-level totals (picklable)."""
 
     stats: list[tuple[PairStats, PairStats | None, GridStats | None]]
-    outputs: PairStats
-    metric: ExactSum
-    samples: int
-    count: int
+    totals: OutputTotals
     nodes: tuple[str, ...]  # the rows' node names: ranks must measure the same operators
 
     def merge(self, other: _Measured) -> None:
@@ -453,17 +450,14 @@ class _Measured:
             for a, b in zip(mine, theirs, strict=True):
                 if a is not None and b is not None:
                     a.merge(b)
-        self.outputs.merge(other.outputs)
-        self.metric.merge(other.metric)
-        self.samples += other.samples
-        self.count += other.count
+        self.totals.merge(other.totals)
 
 
-def _report(rows: list[_Row], measured: _Measured, metric: Any) -> NumericReport:
-    value = None
-    if metric is not None and measured.samples:
-        value = measured.metric.value / measured.samples
-    return NumericReport.from_rows(rows, measured.outputs, value, measured.count, measured.samples)
+def _report(rows: list[_Row], measured: _Measured) -> NumericReport:
+    totals = measured.totals
+    return NumericReport.from_rows(
+        rows, totals.outputs, totals.metric_value, totals.count, totals.samples
+    )
 
 
 def _compare_sharded(float_model, qgm, data, metric, progress, group) -> NumericReport:
@@ -495,17 +489,17 @@ def _compare_sharded(float_model, qgm, data, metric, progress, group) -> Numeric
     for other, part in enumerate(parts):  # exact sums: the order does not matter
         if other != rank:
             measured.merge(part)
-    return _report(rows, measured, metric)
+    return _report(rows, measured)
 
 
 def _run(fgm, qgm, rows, batches, metric, progress) -> NumericReport:
-    return _report(rows, _measure(fgm, qgm, rows, batches, metric, progress), metric)
+    return _report(rows, _measure(fgm, qgm, rows, batches, metric, progress))
 
 
 def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
     wanted = _needed(rows)
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
-    outputs, metric_sum, samples, count = PairStats(), ExactSum(), 0, 0
+    totals = OutputTotals.for_metric(metric)
     from qviz.numeric.progress import progress_bar
 
     with torch.no_grad():
@@ -515,17 +509,7 @@ def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
             float_out = float_run.run(*inputs)
             quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*inputs)
             del float_run
-            for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
-                outputs.update(f, q)
-            size = batch_size(inputs)
-            if metric is not None:
-                metric_sum.add(float(metric(_single(float_out), _single(quant_out), target)) * size)
-            samples += size
-            count += 1
+            value = None if metric is None else metric(single(float_out), single(quant_out), target)
+            totals.add(float_out, quant_out, batch_size(inputs), value)
     stats = [(r.cumulative, r.local, r.grid) for r in rows]
-    nodes = tuple(r.node.name for r in rows)
-    return _Measured(stats, outputs, metric_sum, samples, count, nodes)
-
-
-def _single(out: Any) -> Any:
-    return out[0] if isinstance(out, list | tuple) and len(out) == 1 else out
+    return _Measured(stats, totals, tuple(r.node.name for r in rows))

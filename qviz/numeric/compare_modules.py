@@ -60,7 +60,8 @@ from qviz.numeric.batches import (
     split_batch,
 )
 from qviz.numeric.report import NumericReport
-from qviz.numeric.streaming import ExactSum, GridStats, PairStats
+from qviz.numeric.streaming import GridStats, PairStats
+from qviz.numeric.totals import OutputTotals, single
 
 __all__ = ["compare_modules", "is_quant_nn_model"]
 
@@ -380,7 +381,7 @@ def compare_modules(
     if distributed.active(group):
         return _compare_sharded(float_model, quantized_model, layers, hooks, data, metric, group)
     with _eval_mode(float_model, quantized_model), torch.no_grad():
-        figures = _figures(_run(float_model, quantized_model, hooks, data, metric, progress))
+        figures = _run(float_model, quantized_model, hooks, data, metric, progress).figures()
     return NumericReport.from_table(_table(layers, list(hooks.order)), **figures)
 
 
@@ -415,7 +416,7 @@ def _compare_sharded(float_model, quantized_model, layers, hooks, data, metric, 
         totals.merge(their_totals)
     if totals.count == 0:
         raise ConfigError("compare got no batches on any rank: every shard is empty")
-    return NumericReport.from_table(_table(layers, list(order)), **_figures(totals))
+    return NumericReport.from_table(_table(layers, list(order)), **totals.figures())
 
 
 def _run(
@@ -426,11 +427,11 @@ def _run(
     metric: Callable[[Any, Any, Any], float] | None,
     progress: bool,
     empty_ok: bool = False,
-) -> _Totals:
+) -> OutputTotals:
     """Run both models on every batch (hooks measuring); the model-level sums."""
     from qviz.numeric.progress import progress_bar
 
-    outputs, metric_sum, samples, count = PairStats(), ExactSum(), 0, 0
+    totals = OutputTotals.for_metric(metric)
     arity = _arity(quantized_model)
     for index, batch in enumerate(progress_bar(batches_of(data, "compare"), progress, "compare")):
         inputs, target = _split(batch, arity, index)
@@ -446,44 +447,8 @@ def _run(
             hooks.installed("quant"),
         ):
             quant_out = quantized_model(*inputs)
-        for f, q in zip(flat_tensors(float_out), flat_tensors(quant_out), strict=True):
-            outputs.update(f, q)
-        size = batch_size(inputs)
-        if metric is not None:
-            metric_sum.add(float(metric(_single(float_out), _single(quant_out), target)) * size)
-        samples += size
-        count += 1
-    if count == 0 and not empty_ok:
+        value = None if metric is None else metric(single(float_out), single(quant_out), target)
+        totals.add(float_out, quant_out, batch_size(inputs), value)
+    if totals.count == 0 and not empty_ok:
         raise ConfigError("compare needs at least one batch of data")
-    return _Totals(outputs, metric_sum if metric is not None else None, samples, count)
-
-
-@dataclass
-class _Totals:
-    """The model-level sums of one process (picklable, mergeable)."""
-
-    outputs: PairStats
-    metric: ExactSum | None
-    samples: int
-    count: int
-
-    def merge(self, other: _Totals) -> None:
-        self.outputs.merge(other.outputs)
-        if self.metric is not None and other.metric is not None:
-            self.metric.merge(other.metric)
-        self.samples += other.samples
-        self.count += other.count
-
-
-def _figures(totals: _Totals) -> dict[str, Any]:
-    metric = totals.metric
-    return {
-        "output_sqnr": totals.outputs.sqnr if totals.outputs.count else math.nan,
-        "metric": metric.value / totals.samples if metric is not None and totals.samples else None,
-        "batches": totals.count,
-        "samples": totals.samples,
-    }
-
-
-def _single(out: Any) -> Any:
-    return out[0] if isinstance(out, list | tuple) and len(out) == 1 else out
+    return totals

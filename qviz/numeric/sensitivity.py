@@ -40,11 +40,10 @@ from qviz.numeric.batches import (
     batch_size,
     batches_of,
     checked_batches,
-    flat_tensors,
     split_batch,
 )
 from qviz.numeric.progress import progress_bar
-from qviz.numeric.streaming import ExactSum, PairStats
+from qviz.numeric.totals import OutputTotals
 
 __all__ = ["compare_configs", "fallback", "sensitivity"]
 
@@ -102,25 +101,21 @@ class _Evaluator:
             return None
         return self._merged(lambda: self._sums(None))[1]
 
-    def _sums(self, model: Any) -> tuple[PairStats, ExactSum, int]:
+    def _sums(self, model: Any) -> OutputTotals:
         """This process's output statistics, metric sum and sample count (``model`` None: the
         float model against itself)."""
-        stats, total, samples = PairStats(), ExactSum(), 0
+        totals = OutputTotals.for_metric(self.metric)
         with torch.no_grad():
             for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
                 out = ref if model is None else model(*inputs)
-                for f, q in zip(flat_tensors(ref), flat_tensors(out), strict=True):
-                    stats.update(f, q)
-                size = batch_size(inputs)
-                if self.metric is not None:
-                    total.add(float(self.metric(ref, out, target)) * size)
-                samples += size
-        return stats, total, samples
+                value = None if self.metric is None else self.metric(ref, out, target)
+                totals.add(ref, out, batch_size(inputs), value)
+        return totals
 
-    def _merged(self, local: Callable[[], tuple]) -> tuple[float, float | None]:
+    def _merged(self, local: Callable[[], OutputTotals]) -> tuple[float, float | None]:
         """(output SQNR, metric) of ``local``'s sums, over every rank when distributed."""
         if self.group is False:
-            stats, total, samples = local()
+            totals = local()
         else:
             part, error = None, None
             try:
@@ -128,13 +123,10 @@ class _Evaluator:
             except Exception as exc:  # named on every rank by the gather
                 error = exc
             parts = distributed.gather_outcomes(part, self.group, error=error, what="sensitivity")
-            stats, total, samples = PairStats(), ExactSum(), 0
-            for other_stats, other_total, other_samples in parts:
-                stats.merge(other_stats)
-                total.merge(other_total)
-                samples += other_samples
-        metric = total.value / samples if self.metric is not None and samples else None
-        return stats.sqnr, metric
+            totals = OutputTotals.for_metric(self.metric)
+            for other in parts:
+                totals.merge(other)
+        return totals.outputs.sqnr, totals.metric_value
 
     def score(self, model: Any) -> tuple[float, float | None]:
         """(output SQNR in dB, the metric averaged over samples or None), over every rank."""
