@@ -191,8 +191,7 @@ def _move(model: GraphModule, training: bool) -> GraphModule:
         return model
     for module in graphs:
         _set_mode(module.graph, training)
-        module.graph.lint()
-        module.recompile()
+    _recompile(graphs)
     setattr(model, EXPORTED_TRAINING_ATTR, training)
     model.training = training  # the root only: observers and fake quantizers keep their flags
     return model
@@ -296,25 +295,26 @@ def allow_exported_model_train_eval(model: GraphModule) -> GraphModule:
     return model
 
 
-def _batch_norms(model: GraphModule, where: str) -> list[tuple[GraphModule, Node]]:
-    found = [
-        (m, n)
-        for m in model.modules()
-        if isinstance(m, GraphModule)
+def _batch_norms(model: GraphModule, where: str) -> tuple[list[GraphModule], list[Node]]:
+    """The graph modules holding a switchable ``batch_norm``, and those batch_norm nodes."""
+    graphs = [m for m in model.modules() if isinstance(m, GraphModule)]
+    nodes = [
+        n
+        for m in graphs
         for n in m.graph.nodes
         if n.op == "call_function" and n.target == aten.batch_norm.default
     ]
-    if not found:
+    if not nodes:
         raise ConfigError(
             f"{where}: the graph has no batch_norm whose statistics can update (a model exported "
             f"in eval mode, or prepared for PTQ, has its BatchNorms folded or fixed): export "
             f"the model in train mode and prepare it with qviz.prepare_qat_pt2e"
         )
-    return found
+    return [m for m in graphs if any(n.graph is m.graph for n in nodes)], nodes
 
 
-def _recompile(found: list[tuple[GraphModule, Node]]) -> None:
-    for module in {id(m): m for m, _ in found}.values():
+def _recompile(graphs: list[GraphModule]) -> None:
+    for module in graphs:
         module.graph.lint()
         module.recompile()
 
@@ -350,15 +350,15 @@ def freeze_bn_stats(model: GraphModule) -> GraphModule:
         >>> torch.equal(gm.state_dict()["0.running_mean"], before)
         False
     """
-    found = _batch_norms(_check_exported(model, "freeze_bn_stats"), "freeze_bn_stats")
-    for _, node in found:
+    graphs, nodes = _batch_norms(_check_exported(model, "freeze_bn_stats"), "freeze_bn_stats")
+    for node in nodes:
         if node.meta.get(BN_FROZEN) is None:
             node.meta[BN_FROZEN] = bool(node.args[MODE_ARG[node.target]])
-    for module in {id(m): m for m, _ in found}.values():
+    for module in graphs:
         for node, index, value in _mode_updates(module.graph, True):
             if not value:  # only what the freeze turns off
                 node.update_arg(index, value)
-    _recompile(found)
+    _recompile(graphs)
     return model
 
 
@@ -385,13 +385,13 @@ def update_bn_stats(model: GraphModule) -> GraphModule:
         >>> n.args[5]
         True
     """
-    found = _batch_norms(_check_exported(model, "update_bn_stats"), "update_bn_stats")
-    was = {id(node): node.meta.pop(BN_FROZEN, None) for _, node in found}
+    graphs, nodes = _batch_norms(_check_exported(model, "update_bn_stats"), "update_bn_stats")
+    was = {id(node): node.meta.pop(BN_FROZEN, None) for node in nodes}
     default = next((w for w in was.values() if w is not None), False)
     training = getattr(model, EXPORTED_TRAINING_ATTR, default)
-    for module in {id(m): m for m, _ in found}.values():
+    for module in graphs:
         for node, index, value in _mode_updates(module.graph, bool(training)):
             if id(node) in was or _is_batch_counter(node):
                 node.update_arg(index, value)
-    _recompile(found)
+    _recompile(graphs)
     return model
