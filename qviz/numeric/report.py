@@ -44,6 +44,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from qviz.engine.node_values import op_name
 from qviz.errors import ConfigError
 
 __all__ = ["COLUMNS", "NumericReport"]
@@ -78,17 +79,13 @@ def _module_path(node: Any) -> str:
     return path
 
 
-def _op(node: Any) -> str:
-    return getattr(node.target, "__name__", str(node.target)).split(".")[0]
-
-
 def _row_dict(r: Any) -> dict[str, Any]:
     nan = math.nan
     local = r.local
     grid = r.grid
     return {
         "node": r.node.name,
-        "op": _op(r.node),
+        "op": op_name(r.node),
         "module": _module_path(r.node),
         "local_sqnr": local.sqnr if local is not None and local.count else nan,
         "cumulative_sqnr": r.cumulative.sqnr if r.cumulative.count else nan,

@@ -34,6 +34,7 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
+from qviz.engine.node_values import op_name
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (
@@ -235,7 +236,7 @@ def _row(
     out_sqnr, out_metric = score
     row = {
         "node": node.name,
-        "op": getattr(node.target, "__name__", str(node.target)).split(".")[0],
+        "op": op_name(node),
         "module": module_path(node),
         "output_sqnr": out_sqnr,
     }

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from qviz.engine.node_values import op_name
 from qviz.engine.observers import (
     HISTOGRAM_METHODS,
     HistogramObserver,
@@ -302,7 +303,7 @@ class _Edit:
             return [(p, c)]
         ops = [n for n in self.model.graph.nodes if n.op == "call_function"]
         if key.startswith("op:"):
-            found = [n for n in ops if _op_name(n) == key[3:]]
+            found = [n for n in ops if op_name(n) == key[3:]]
         elif key in self.nodes:
             found = [self.nodes[key]]
         else:
@@ -443,10 +444,6 @@ def _is_constant(target: Any) -> bool:
 
 def _text(target: Any) -> str:
     return f"{target[0].name} -> {target[1].name}" if isinstance(target, tuple) else target.name
-
-
-def _op_name(node: Node) -> str:
-    return getattr(node.target, "__name__", str(node.target)).split(".")[0]
 
 
 def _fields_of(spec: Any) -> dict[str, Any]:
