@@ -6,27 +6,27 @@ small CNN trained on scikit-learn's handwritten digits.
 
 Example:
     >>> import torch, qviz
-    >>> from qviz.engine.tensor_quant import fake_tensor_quant
+    >>> from qviz.engine.tensor.tensor_quant import fake_tensor_quant
     >>> fake_tensor_quant(torch.tensor([0.1, 1.0]), 1.0)
     tensor([0.1024, 1.0000])
     >>> issubclass(qviz.QvizError, Exception)
     True
 """
 
-from qviz.engine.calibrate import calibrate
-from qviz.engine.calibrate_quantizers import calibrate_quantizers
-from qviz.engine.capture import export
-from qviz.engine.convert import convert_pt2e
-from qviz.engine.exported_mode import (
+from qviz.engine.graph.capture import export
+from qviz.engine.graph.train_eval import (
     allow_exported_model_train_eval,
     freeze_bn_stats,
     move_exported_model_to_eval,
     move_exported_model_to_train,
     update_bn_stats,
 )
-from qviz.engine.onnx_export import export_onnx
-from qviz.engine.prepare import annotate_pt2e, prepare_pt2e
-from qviz.engine.qat import prepare_qat_pt2e
+from qviz.engine.onnx.export import export_onnx
+from qviz.engine.pt2e.calibrate import calibrate
+from qviz.engine.pt2e.convert import convert_pt2e
+from qviz.engine.pt2e.prepare import annotate_pt2e, prepare_pt2e
+from qviz.engine.pt2e.qat import prepare_qat_pt2e
+from qviz.engine.tensor.calibrate_quantizers import calibrate_quantizers
 from qviz.errors import (
     AnnotationError,
     CalibrationError,

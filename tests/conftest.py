@@ -83,7 +83,7 @@ def calibrated_digits():
 def _calibrated_quant_nn_digits(disabled: str | None = None):
     import qviz
     from qviz.data import digits_loaders, digits_model
-    from qviz.engine.quant_modules import quantize_model
+    from qviz.engine.tensor.quant_modules import quantize_model
 
     model = quantize_model(digits_model())
     data = digits_loaders(64).calibration

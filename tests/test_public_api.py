@@ -18,7 +18,7 @@ def _modules():
     return [m.name for m in pkgutil.walk_packages(qviz.__path__, "qviz.") if m.name != "qviz.cli"]
 
 
-@pytest.mark.parametrize("module", ["qviz", "qviz.engine", "qviz.engine.tensor_quant"])
+@pytest.mark.parametrize("module", ["qviz", "qviz.engine", "qviz.engine.tensor.tensor_quant"])
 def test_engine_imports_nothing_optional(module):
     code = f"import sys, {module}; print([m for m in {OPTIONAL + ONNX!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -36,8 +36,8 @@ def test_every_public_name_has_a_docstring(module):
 
 
 def test_names_users_know_from_pytorch_quantization():
-    from qviz.engine.calib import HistogramCalibrator, MaxCalibrator  # noqa: F401
-    from qviz.engine.tensor_quant import (  # noqa: F401
+    from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator  # noqa: F401
+    from qviz.engine.tensor.tensor_quant import (  # noqa: F401
         QUANT_DESC_8BIT_PER_TENSOR,
         QuantDescriptor,
         TensorQuantizer,

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from qviz.data.digits import digits_loaders
 from qviz.data.model import DigitsNet
-from qviz.engine.inputs import check_inputs, guard_errors
+from qviz.engine.graph.inputs import check_inputs, guard_errors
 
 __all__ = ["TrainConfig", "evaluate", "train_digits_model"]
 

@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from qviz.errors import ConfigError
@@ -30,6 +32,7 @@ from qviz.errors import ConfigError
 __all__ = [
     "DTYPE_RANGES",
     "MAX_NUM_BITS",
+    "QParams",
     "clip_limits",
     "quant_range",
     "symmetric_scale",
@@ -122,3 +125,15 @@ def clip_limits(
     """
     half = scale / 2
     return scale * (quant_min - zero_point) - half, scale * (quant_max - zero_point) + half
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Quantization parameters after convert: one value per tensor, or per channel (tuples).
+
+    Zero points are integers, except for ``per_channel_affine_float_qparams`` (embedding
+    tables), whose zero points are floats.
+    """
+
+    scale: float | tuple[float, ...]
+    zero_point: int | tuple[int, ...] | tuple[float, ...]

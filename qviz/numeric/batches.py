@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
-from qviz.engine.inputs import check_inputs
+from qviz.engine.graph.inputs import check_inputs
 from qviz.errors import ConfigError
 
 __all__ = [
@@ -57,7 +57,7 @@ def split_batch(batch: Any, model: Any, index: int, where: str) -> tuple[tuple[A
 
     ``target`` is None when the batch has none. For a graph module the inputs must match what
     it was exported with (count, dtype, static dimensions), else a ConfigError names ``where``,
-    the batch and the input (:func:`qviz.engine.inputs.check_inputs`).
+    the batch and the input (:func:`qviz.engine.graph.inputs.check_inputs`).
     """
     graph = model if isinstance(model, GraphModule) else None
     n_inputs = num_inputs(graph) if graph is not None else 1

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from qviz.engine.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.qparams import symmetric_scale
-from qviz.engine.tensor_quant import fake_tensor_quant
+from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
+from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.numeric.metrics import clipped_fraction, sqnr
 
 __all__ = ["CalibrationChoice", "calibration_choices", "compare_calibrators", "layer_tensors"]

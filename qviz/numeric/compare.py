@@ -2,8 +2,8 @@
 
 Both models run on the same batches. Operators are matched by the debug handle the engine puts
 on every operator at export and keeps through prepare and convert
-(:mod:`qviz.engine.handles`), so a conv with a folded BatchNorm is compared with the float
-BatchNorm's output, and every call of a reused module is its own row.
+(:mod:`qviz.engine.graph.debug_handles`), so a conv with a folded BatchNorm is compared with the
+float BatchNorm's output, and every call of a reused module is its own row.
 
 For one batch:
 
@@ -56,10 +56,10 @@ from torch.fx import GraphModule, Interpreter, Node
 from torch.fx.node import map_arg
 
 from qviz.engine import distributed
-from qviz.engine.bn_fold import fused_conv_bn_params
 from qviz.engine.compat import OpOverload, quantized_decomposed
-from qviz.engine.handles import assign_handles, float_handle, handle
-from qviz.engine.qdq_ops import dequantize_ops, quantize_ops
+from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
+from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
+from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (
     batch_size,
@@ -76,7 +76,8 @@ __all__ = ["compare", "float_graph_of", "output_probe", "qdq_ops"]
 
 
 def qdq_ops() -> tuple[set[Any], set[Any]]:
-    """The quantize ops and the dequantize ops of converted graphs (:mod:`qviz.engine.qdq_ops`)."""
+    """The quantize ops and the dequantize ops of converted graphs
+    (:mod:`qviz.engine.graph.qdq_ops`)."""
     return set(quantize_ops()), set(dequantize_ops())
 
 
@@ -223,7 +224,7 @@ def float_graph_of(float_model: Any, example: tuple[Any, ...]) -> GraphModule:
         has = any(handle(n) is not None for n in float_model.graph.nodes)
         return float_model if has else assign_handles(copy.deepcopy(float_model))
     if isinstance(float_model, torch.nn.Module):
-        from qviz.engine.capture import export
+        from qviz.engine.graph.capture import export
 
         return export(float_model, example, dynamic_batch=True)
     raise ConfigError(
@@ -253,7 +254,7 @@ def _weight_sqnr(row: _Row, fgm: GraphModule, qgm: GraphModule, twin: Node) -> f
     n = row.node
     if len(n.args) < 2 or not isinstance(n.args[1], Node) or not isinstance(twin.args[1], Node):
         return math.nan
-    from qviz.engine.constants import get_attr_value
+    from qviz.engine.graph.get_attr import get_attr_value
 
     w_float = get_attr_value(fgm, twin.args[1], default=None)
     if w_float is None:
@@ -280,7 +281,7 @@ def _folded_bn(fgm: GraphModule, ref: int) -> Node | None:
 
 def _evaluate_constant(gm: GraphModule, node: Node) -> torch.Tensor | None:
     """Evaluate a chain of ops over constants only (``dequantize(int8 weight, ...)``)."""
-    from qviz.engine.constants import get_attr_value
+    from qviz.engine.graph.get_attr import get_attr_value
 
     if node.op == "get_attr":
         return get_attr_value(gm, node, default=None)

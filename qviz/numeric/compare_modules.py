@@ -1,6 +1,7 @@
 """``compare`` for the module-level flow: each quant_nn layer against its float twin.
 
-A quant_nn model from :func:`qviz.engine.quant_modules.quantize_model` keeps the float model's
+A quant_nn model from :func:`qviz.engine.tensor.quant_modules.quantize_model` keeps the float
+model's
 module names, so each quantized layer (a module holding an enabled TensorQuantizer) is matched
 with the float model's module of the same name. Both models run on the same batches, in eval
 mode (their modes are restored afterwards), with forward hooks on the matched layers:
@@ -21,7 +22,7 @@ and ``module`` are the layer's module path (``conv1.0``; a second call of the sa
 Example:
     >>> import torch, qviz
     >>> from torch import nn
-    >>> from qviz.engine.quant_modules import quantize_model
+    >>> from qviz.engine.tensor.quant_modules import quantize_model
     >>> torch.manual_seed(0) and None
     >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
     >>> data = [torch.randn(16, 8) for _ in range(4)]
@@ -48,9 +49,9 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.calibrate_quantizers import batch_errors
 from qviz.engine.qparams import quant_range, symmetric_scale
-from qviz.engine.tensor_quantizer import TensorQuantizer
+from qviz.engine.tensor.calibrate_quantizers import batch_errors
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (
     batch_size,

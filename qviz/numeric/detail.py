@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
-from qviz.engine.handles import float_handle, handle
+from qviz.engine.graph.debug_handles import float_handle, handle
 from qviz.errors import ConfigError, closest_names
 from qviz.numeric.compare import output_probe
 from qviz.numeric.metrics import sqnr
@@ -108,8 +108,8 @@ def layer_detail(
     """Run both models on ``inputs`` and compare ``node``'s float and quantized outputs.
 
     The float output is the float model's operator with the same debug handle
-    (:func:`qviz.engine.handles.float_handle`, so a conv with a folded BatchNorm is compared
-    with the BatchNorm); the quantized one is taken after the operator's output
+    (:func:`qviz.engine.graph.debug_handles.float_handle`, so a conv with a folded BatchNorm is
+    compared with the BatchNorm); the quantized one is taken after the operator's output
     quantize/dequantize, as :func:`qviz.numeric.compare` measures the cumulative error.
 
     Args:

@@ -44,7 +44,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from qviz.engine.node_values import op_name
+from qviz.engine.graph.node_data import op_name
 from qviz.errors import ConfigError
 
 __all__ = ["COLUMNS", "NumericReport"]

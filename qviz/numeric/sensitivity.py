@@ -34,7 +34,7 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.node_values import op_name
+from qviz.engine.graph.node_data import op_name
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (

@@ -46,11 +46,11 @@ from typing import Any
 
 import torch
 
-from qviz.engine.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.observers import HistogramObserver
 from qviz.engine.qparams import clip_limits, quant_range, symmetric_scale
-from qviz.engine.tensor_quant import fake_tensor_quant
-from qviz.engine.tensor_quantizer import TensorQuantizer
+from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
+from qviz.engine.tensor.tensor_quant import fake_tensor_quant
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 from qviz.numeric.metrics import histogram_clipped_fraction
 
@@ -142,7 +142,7 @@ def histogram(
 
     Example:
         >>> import torch
-        >>> from qviz.engine.calib import HistogramCalibrator
+        >>> from qviz.engine.tensor.calib import HistogramCalibrator
         >>> calib = HistogramCalibrator(4)
         >>> calib.collect(torch.linspace(-1.0, 1.0, 2001))
         >>> fig = histogram(calib, methods=("max",), log=True)

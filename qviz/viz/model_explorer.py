@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from qviz.engine.node_values import (
+from qviz.engine.graph.node_data import (
     DEFAULT_COLUMNS,
     SCALE,
     check_report_matches,
@@ -65,7 +65,7 @@ from qviz.engine.node_values import (
     report_ops,
     report_values,
 )
-from qviz.engine.qdq_ops import dequantize_ops, quantize_ops
+from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.errors import ConfigError, closest_names
 
 __all__ = ["GRAPH_ID", "SQNR_CAP", "ModelExplorerData", "node_data", "to_model_explorer"]

@@ -1,7 +1,7 @@
 """A graph exported from a quant_nn model, read into drawable records: one marker per quantizer.
 
 Each TensorQuantizer call becomes one small marker on the edge it quantizes, read from
-:func:`qviz.engine.quantizer_records.quantizer_records`: its ATen arithmetic (amax buffer,
+:func:`qviz.engine.tensor.records.quantizer_records`: its ATen arithmetic (amax buffer,
 ``div``, ``reciprocal``, ``round``, ``clamp``, ``mul``, or a ``fake_quantize`` op) is not drawn.
 The marker says the grid, the amax, the PyTorch-convention scale (``amax / quant_max``) and the
 calibration method: ``int8 amax=4.52 scale=0.0356 entropy``; a per-channel quantizer shows the
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.quantizer_records import QuantizerRecord, quantizer_records, short_values
+from qviz.engine.tensor.records import QuantizerRecord, quantizer_records, short_values
 from qviz.viz.stages import GraphView, ViewEdge, ViewNode
 from qviz.viz.stages import _base_node as base_node
 from qviz.viz.stages import _graph_edges as graph_edges
@@ -42,7 +42,7 @@ def marker_name(record: QuantizerRecord, call: int = 0) -> str:
     """The drawn name of a quantizer's marker: ``tq/<module path>`` (``@k`` for call k > 0).
 
     Example:
-        >>> from qviz.engine.quantizer_records import quantizer_records
+        >>> from qviz.engine.tensor.records import quantizer_records
         >>> from qviz.engine import quant_nn
         >>> marker_name(quantizer_records(quant_nn.QuantMaxPool2d(2))[0])
         'tq/_input_quantizer'
@@ -140,7 +140,7 @@ def quantizer_view(
 
     Args:
         model: the graph module :func:`qviz.export` captured from a quant_nn model.
-        records: its :func:`~qviz.engine.quantizer_records.quantizer_records` (read here when
+        records: its :func:`~qviz.engine.tensor.records.quantizer_records` (read here when
             not given).
         show_params: also draw parameters (a weight is then drawn before its quantizer's
             marker); the quantizers' amax buffers are never drawn.

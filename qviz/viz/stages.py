@@ -26,8 +26,9 @@ from itertools import pairwise
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.constants import get_attr_value
-from qviz.engine.plan import (
+from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.graph.qdq_ops import is_qdq
+from qviz.engine.pt2e.plan import (
     QUANTIZABLE_OPS,
     GroupRecord,
     QuantPlan,
@@ -35,9 +36,8 @@ from qviz.engine.plan import (
     TensorRecord,
     TensorRef,
 )
-from qviz.engine.qdq_ops import is_qdq
-from qviz.engine.quantizer_records import is_quantizer_node
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
+from qviz.engine.tensor.records import is_quantizer_node
 
 __all__ = [
     "GraphView",

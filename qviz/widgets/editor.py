@@ -37,7 +37,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from qviz.engine.prepare import prepare_pt2e
+from qviz.engine.pt2e.prepare import prepare_pt2e
 from qviz.engine.quantizers.override import OverrideQuantizer, normalize_overrides
 from qviz.errors import ConfigError, QvizError
 from qviz.widgets.folding import Folding

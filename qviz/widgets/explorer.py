@@ -4,16 +4,16 @@ Pick an observer (dropdown, or click its marker in the graph) and see its histog
 method's range (:func:`qviz.viz.histograms.histogram_data`, drawn by the fast SVG renderer);
 switch method, move the percentile slider, try another bit width, and watch the lines, the
 clipped share and the SQNR table follow. "Use this range" makes the observer use the method
-(:func:`qviz.engine.choices.choose_range`: recorded in the plan as the user's choice, used by
-``convert_pt2e``); "Apply to all" does it for every HistogramObserver.
+(:func:`qviz.engine.pt2e.range_choice.choose_range`: recorded in the plan as the user's choice,
+used by ``convert_pt2e``); "Apply to all" does it for every HistogramObserver.
 
 A calibrated quant_nn model (its TensorQuantizers) is explored the same way: each enabled,
 calibrated quantizer is listed by module path; a HistogramCalibrator shows its histogram, every
 calibrator method and the amax it holds, a MaxCalibrator (the default for weights) its max.
 "Use this range" loads the method's amax into the quantizer
-(:meth:`~qviz.engine.tensor_quantizer.TensorQuantizer.load_calib_amax`), and :attr:`choices`
+(:meth:`~qviz.engine.tensor.tensor_quantizer.TensorQuantizer.load_calib_amax`), and :attr:`choices`
 reads back which method picked each amax. Give ``example_inputs`` to draw its graph
-(:mod:`qviz.engine.quantizer_records` markers, clickable).
+(:mod:`qviz.engine.tensor.records` markers, clickable).
 
 The state is plain data (:class:`ExplorerState`); every control has a Python equivalent
 (:meth:`CalibrationExplorer.select`, :meth:`~CalibrationExplorer.set`,
@@ -36,7 +36,7 @@ Example:
 
     A quant_nn model:
 
-    >>> from qviz.engine.quant_modules import quantize_model
+    >>> from qviz.engine.tensor.quant_modules import quantize_model
     >>> q = quantize_model(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
     >>> _ = qviz.calibrate_quantizers(q, [torch.randn(64, 4)], method="entropy", progress=False)
     >>> ex = CalibrationExplorer(q, graph=False)
@@ -132,7 +132,7 @@ class CalibrationExplorer:
 
     def use_range(self) -> Any:
         """Make the shown observer use the considered method; returns its updated GroupRecord
-        (a TensorQuantizer: its :class:`~qviz.engine.quantizer_records.QuantizerRecord`)."""
+        (a TensorQuantizer: its :class:`~qviz.engine.tensor.records.QuantizerRecord`)."""
         records = self._choose([self.state.observer])
         return records[0] if records else None
 

@@ -3,8 +3,9 @@ of a prepared PT2E model, or the calibrated TensorQuantizers of a quant_nn model
 
 Both sources answer the same questions, so the explorer and its view are one piece of code:
 which names to list, where a name starts (method, percentile, bits), the histogram data for a
-state, how to make a quantizer use a method (the engine's :func:`~qviz.engine.choices.choose_range`
-for observers, :meth:`~qviz.engine.tensor_quantizer.TensorQuantizer.load_calib_amax` for
+state, how to make a quantizer use a method (the engine's
+:func:`~qviz.engine.pt2e.range_choice.choose_range`
+for observers, :meth:`~qviz.engine.tensor.tensor_quantizer.TensorQuantizer.load_calib_amax` for
 TensorQuantizers) and which choices the engine holds.
 
 A TensorQuantizer with a HistogramCalibrator shows its |x| histogram and every calibrator
@@ -14,7 +15,7 @@ weights) keeps only the running max, so it shows that one range and no histogram
 Example:
     >>> import torch, qviz
     >>> from qviz.engine import quant_nn
-    >>> from qviz.engine.descriptor import QuantDescriptor
+    >>> from qviz.engine.tensor.descriptor import QuantDescriptor
     >>> layer = quant_nn.QuantLinear(4, 2, quant_desc_input=QuantDescriptor(calib_method="mse"))
     >>> qviz.calibrate_quantizers(layer, [torch.randn(64, 4)], method="mse", progress=False)
     ... # doctest: +ELLIPSIS
@@ -34,13 +35,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from qviz.engine.calib import HistogramCalibrator, MaxCalibrator
-from qviz.engine.capture import export
-from qviz.engine.choices import choose_range
+from qviz.engine.graph.capture import export
 from qviz.engine.observers import HistogramObserver
+from qviz.engine.pt2e.range_choice import choose_range
 from qviz.engine.qparams import quant_range, symmetric_scale
-from qviz.engine.quantizer_records import quantizer_records
-from qviz.engine.tensor_quantizer import TensorQuantizer
+from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator
+from qviz.engine.tensor.records import quantizer_records
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError, closest_names
 from qviz.viz.histograms import HistogramData, QuantGrid, histogram_data
 

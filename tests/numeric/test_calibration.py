@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from qviz.data import digits_loaders, digits_model
-from qviz.engine.tensor_quant import fake_tensor_quant
+from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.numeric import compare_calibrators, layer_tensors, sqnr
 
 

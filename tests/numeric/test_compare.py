@@ -287,7 +287,8 @@ def test_every_error_column_says_which_comparison_it_comes_from():
 
 
 def test_a_model_quantized_only_inside_a_loop_says_compare_reads_the_top_level():
-    from tests.engine.test_control_flow import ScanModel, _quantizer
+    from tests.helpers.control_flow import ScanModel
+    from tests.helpers.control_flow import reference_xnnpack_quantizer as _quantizer
 
     batches = [(torch.randn(3, 5), torch.zeros(5))]
     gm = torch.export.export(ScanModel().eval(), batches[0]).module()

@@ -10,8 +10,8 @@ from torch import nn
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine import quant_nn
-from qviz.engine.quant_modules import quantize_model
-from qviz.engine.tensor_quantizer import TensorQuantizer
+from qviz.engine.tensor.quant_modules import quantize_model
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError
 from qviz.numeric import compare
 from qviz.numeric.metrics import sqnr

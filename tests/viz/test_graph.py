@@ -14,7 +14,7 @@ from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_
 from qviz.engine.specs import QuantizationAnnotation, SharedQuantizationSpec
 from qviz.errors import ConfigError
 from qviz.viz import QGraph, graph
-from tests.engine.test_tutorial_quantizers import ACT, WEIGHT, Annotate, TwoConvCat
+from tests.helpers.tutorial_quantizers import ACT, WEIGHT, Annotate, TwoConvCat
 
 pytest.importorskip("graphviz")
 aten = torch.ops.aten

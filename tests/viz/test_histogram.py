@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from qviz.engine.calib import HistogramCalibrator, MaxCalibrator
-from qviz.engine.descriptor import QuantDescriptor
 from qviz.engine.observers import HistogramObserver, MinMaxObserver
-from qviz.engine.tensor_quant import fake_tensor_quant
-from qviz.engine.tensor_quantizer import TensorQuantizer
+from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator
+from qviz.engine.tensor.descriptor import QuantDescriptor
+from qviz.engine.tensor.tensor_quant import fake_tensor_quant
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError
 from qviz.numeric import clipped_fraction, sqnr
 

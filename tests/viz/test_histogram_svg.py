@@ -4,7 +4,7 @@ import re
 
 import torch
 
-from qviz.engine.calib import HistogramCalibrator
+from qviz.engine.tensor.calib import HistogramCalibrator
 from qviz.viz import histogram
 from qviz.viz.histogram_svg import histogram_svg
 from qviz.viz.histograms import histogram_data

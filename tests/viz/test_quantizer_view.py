@@ -9,8 +9,8 @@ from torch import nn
 
 import qviz
 from qviz.engine import quant_nn
-from qviz.engine.quantizer_records import quantizer_records
-from qviz.engine.tensor_quantizer import fb_fake_quant
+from qviz.engine.tensor.records import quantizer_records
+from qviz.engine.tensor.tensor_quantizer import fb_fake_quant
 from qviz.viz import graph
 
 pytest.importorskip("graphviz")

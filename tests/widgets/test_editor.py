@@ -127,15 +127,11 @@ def test_to_code_keeps_the_dynamic_batch(gm):
 
 def test_a_backend_config_quantizer_as_base_refuses_what_the_backend_cannot_run():
     from qviz.engine import backend_config as api
-    from tests.engine.backend_config.test_quantizer import (
-        MyModel,
-        _constrained_qconfig,
-        tutorial_backend,
-    )
+    from tests.helpers.backend_config import MyModel, constrained_qconfig, tutorial_backend
 
     torch.manual_seed(0)
     model = qviz.export(MyModel(False).eval(), (torch.rand(1, 3, 10, 10),))
-    mapping = api.QConfigMapping().set_global(_constrained_qconfig(api.QConfig))
+    mapping = api.QConfigMapping().set_global(constrained_qconfig(api.QConfig))
     editor = AnnotationEditor(
         model, quantizer=api.BackendConfigQuantizer(tutorial_backend(api), mapping)
     )

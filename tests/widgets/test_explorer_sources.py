@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from qviz.data import digits_model
-from qviz.engine.calib import HistogramCalibrator, MaxCalibrator
-from qviz.engine.quant_modules import quantize_model
-from qviz.engine.quantizer_records import QuantizerRecord
+from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator
+from qviz.engine.tensor.quant_modules import quantize_model
+from qviz.engine.tensor.records import QuantizerRecord
 from qviz.errors import ConfigError
 from qviz.widgets import CalibrationExplorer
 

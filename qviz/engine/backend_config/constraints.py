@@ -27,7 +27,7 @@ from torch.fx import Node
 
 from qviz.engine.backend_config.dtypes import DTypeConfig, DTypeWithConstraints
 from qviz.engine.backend_config.observers import ObserverFacts
-from qviz.engine.observer_to_qdq import FLOAT_DTYPES
+from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
 __all__ = ["annotation_problem", "dtype_config_problem", "is_weighted", "spec_facts", "weight_of"]
@@ -124,7 +124,7 @@ def spec_facts(spec: Any) -> ObserverFacts | None:
             "FixedQParamsObserver", spec.dtype, spec.quant_min, spec.quant_max,
             scale=float(spec.scale), zero_point=int(spec.zero_point),
         )  # fmt: skip
-    from qviz.engine.prepare import _observer_from_spec
+    from qviz.engine.pt2e.prepare import _observer_from_spec
 
     obs = _observer_from_spec(spec, {})
     eps = getattr(obs, "eps", None)

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from qviz.engine.bn_fold import FOLDED_BN
 from qviz.engine.compat import OpOverloadPacket
+from qviz.engine.pt2e.passes.bn_fold import FOLDED_BN
 from qviz.engine.quantizers.scope import (
     module_names,
     module_type_names,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from qviz.engine import observers
-from qviz.engine.observer_to_qdq import FLOAT_DTYPES
+from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import FixedQParamsQuantizationSpec, QuantizationSpec, QuantizationSpecBase
 from qviz.errors import ConfigError
 

@@ -51,9 +51,7 @@ from qviz.engine.backend_config.matching import (
 )
 from qviz.engine.backend_config.observers import observer_spec
 from qviz.engine.backend_config.qconfig import QConfigMapping
-from qviz.engine.capabilities import Capability
-from qviz.engine.plan import QUANTIZABLE_OPS
-from qviz.engine.quantizer import Quantizer
+from qviz.engine.pt2e.plan import QUANTIZABLE_OPS
 from qviz.engine.quantizers.annotate import (
     DTYPE_CONSTRAINT,
     PATTERN_UNSUPPORTED,
@@ -62,6 +60,8 @@ from qviz.engine.quantizers.annotate import (
     mark_annotated,
     record_float_reason,
 )
+from qviz.engine.quantizers.base import Quantizer
+from qviz.engine.quantizers.capabilities import Capability
 from qviz.engine.quantizers.scope import check_module_names
 from qviz.engine.specs import SharedQuantizationSpec
 from qviz.errors import AnnotationError
@@ -115,7 +115,8 @@ class BackendConfigQuantizer(Quantizer):
 
     def quantization_capabilities(self) -> list[Capability]:
         """One record per pattern and DTypeConfig of the backend (see
-        :mod:`qviz.engine.capabilities`): what it can run quantized, whatever the QConfigs."""
+        :mod:`qviz.engine.quantizers.capabilities`): what it can run quantized, whatever the
+        QConfigs."""
         observation = {
             ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT: "own observer",
             ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT: "shares its input's observer",

@@ -6,8 +6,8 @@ the old counts are re-binned onto the new one, see :mod:`~qviz.engine.observers.
 same L2 search for the range to quantize with (:mod:`~qviz.engine.observers.l2_search`).
 
 The other methods, ``"max"``, ``"percentile"``, ``"entropy"`` and ``"mse"``, are computed by
-:class:`~qviz.engine.calib.HistogramCalibrator` (the single implementation of each), fed the same
-batches. It returns a clipping threshold ``amax`` on ``|x|``; symmetric qschemes quantize
+:class:`~qviz.engine.tensor.calib.HistogramCalibrator` (the single implementation of each), fed the
+same batches. It returns a clipping threshold ``amax`` on ``|x|``; symmetric qschemes quantize
 ``[-amax, amax]``, affine ones the observed ``[min_val, max_val]`` clipped to ``[-amax, amax]``.
 
 **Switching methods after calibration.** With ``switchable=True`` the observer keeps both
@@ -48,12 +48,12 @@ from typing import Any
 
 import torch
 
-from qviz.engine.calib import CalibMethod, HistogramCalibrator
 from qviz.engine.observers.base import check_bool, check_int
 from qviz.engine.observers.binning import histc, rebin
 from qviz.engine.observers.l2_search import l2_search
 from qviz.engine.observers.uniform import UniformQuantizationObserverBase
 from qviz.engine.qparams import MAX_NUM_BITS
+from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["HISTOGRAM_METHODS", "HistogramObserver", "parse_histogram_method"]
@@ -64,7 +64,7 @@ _AMAX_OPTIONS = ("percentile", "start_bin", "stride")
 
 
 def parse_histogram_method(value: Any) -> str:
-    """The method name (``"l2"`` or a :class:`~qviz.engine.calib.CalibMethod` value).
+    """The method name (``"l2"`` or a :class:`~qviz.engine.tensor.calib.CalibMethod` value).
 
     Example:
         >>> parse_histogram_method("Entropy"), parse_histogram_method("l2")
@@ -281,7 +281,7 @@ min=-1 max=1)
         Args:
             method: override ``self.method`` for this call (the observer is not changed).
             **amax_kwargs: ``percentile``, ``start_bin`` or ``stride`` for the calibrator's
-                :meth:`~qviz.engine.calib.HistogramCalibrator.compute_amax`.
+                :meth:`~qviz.engine.tensor.calib.HistogramCalibrator.compute_amax`.
 
         Raises:
             CalibrationError: nothing was observed yet.

@@ -14,7 +14,7 @@ Example:
     ['weight', 'bias', 'linear']
 """
 
-from qviz.engine.quantizer import ComposableQuantizer, Quantizer
+from qviz.engine.quantizers.base import ComposableQuantizer, Quantizer
 from qviz.engine.quantizers.config import get_symmetric_quantization_config
 from qviz.engine.quantizers.fallback import FallbackQuantizer
 from qviz.engine.quantizers.override import OverrideQuantizer

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 import torch
 from torch.fx import GraphModule, Node
 
-from qviz.engine.constants import get_attr_value
-from qviz.engine.quantizer import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY
+from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.quantizers.base import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpecBase
 
 __all__ = [

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from qviz.engine.fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
 from qviz.engine.observers import (
     HistogramObserver,
     MinMaxObserver,
@@ -31,6 +30,7 @@ from qviz.engine.observers import (
     PerChannelMinMaxObserver,
     PlaceholderObserver,
 )
+from qviz.engine.observers.fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
 from qviz.engine.specs import QuantizationConfig, QuantizationSpec
 from qviz.errors import ConfigError
 

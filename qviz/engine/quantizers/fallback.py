@@ -30,8 +30,8 @@ from typing import Any
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.quantizer import Quantizer
 from qviz.engine.quantizers.annotate import USER_FALLBACK, record_float_reason
+from qviz.engine.quantizers.base import Quantizer
 from qviz.engine.specs import Q_ANNOTATION_KEY
 from qviz.errors import AnnotationError, ConfigError, closest_names
 

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from qviz.engine.node_values import op_name
+from qviz.engine.graph.node_data import op_name
 from qviz.engine.observers import (
     HISTOGRAM_METHODS,
     HistogramObserver,

@@ -29,6 +29,11 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import OpOverload, OpOverloadPacket
+from qviz.engine.graph.module_stack import (
+    module_names,
+    module_type_names,
+    qualified_name,
+)
 from qviz.errors import ConfigError, closest_names
 
 __all__ = [
@@ -62,23 +67,6 @@ _RENAMED: dict[Callable, tuple[OpOverloadPacket, ...]] = {
 }
 
 
-def _strip_self(path: str) -> str:
-    prefix = "L['self']."
-    return path[len(prefix) :] if path.startswith(prefix) else path
-
-
-def module_names(node: Node) -> list[str]:
-    """Fully qualified names of the modules that called ``node``, outermost first.
-
-    Example:
-        >>> import torch
-        >>> module_names(torch.fx.Graph().placeholder("x"))
-        []
-    """
-    stack = node.meta.get("nn_module_stack") or {}
-    return [_strip_self(str(path)) for path, _ in stack.values()]
-
-
 def check_module_names(model: GraphModule, names: Iterable[str], setter: str) -> None:
     """Raise if a module name matches no module that calls an operator of ``model``.
 
@@ -107,21 +95,6 @@ def check_module_names(model: GraphModule, names: Iterable[str], setter: str) ->
             )
 
 
-def module_type_names(node: Node) -> list[str]:
-    """``module.qualname`` of the classes of the modules that called ``node``, outermost first.
-
-    Example:
-        >>> import torch
-        >>> module_type_names(torch.fx.Graph().placeholder("x"))
-        []
-    """
-    stack = node.meta.get("nn_module_stack") or {}
-    out = []
-    for _, cls in stack.values():
-        out.append(qualified_name(cls) if isinstance(cls, type) else str(cls))
-    return out
-
-
 def in_module_name(node: Node, name: str) -> bool:
     """Whether ``node`` was called inside the module named ``name`` (e.g. ``"layer1.0"``).
 
@@ -131,17 +104,6 @@ def in_module_name(node: Node, name: str) -> bool:
         False
     """
     return name in module_names(node)
-
-
-def qualified_name(module_type: type) -> str:
-    """``module.qualname`` of a class, as ``nn_module_stack`` records it.
-
-    Example:
-        >>> import torch
-        >>> qualified_name(torch.nn.Conv2d)
-        'torch.nn.modules.conv.Conv2d'
-    """
-    return f"{module_type.__module__}.{module_type.__qualname__}"
 
 
 def in_module_type(node: Node, module_type: type) -> bool:

@@ -38,8 +38,6 @@ from dataclasses import dataclass
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.capabilities import Capability
-from qviz.engine.quantizer import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY, Quantizer
 from qviz.engine.quantizers.annotate import (
     DTYPE_CONSTRAINT,
     FILTERED_BY_MODULE_NAME,
@@ -54,6 +52,8 @@ from qviz.engine.quantizers.annotators import (
     STATIC_ANNOTATORS,
     propagate_shared,
 )
+from qviz.engine.quantizers.base import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY, Quantizer
+from qviz.engine.quantizers.capabilities import Capability
 from qviz.engine.quantizers.config import (
     check_config,
     config_code,
@@ -271,7 +271,7 @@ class XNNPACKQuantizer(Quantizer):
 
     def quantization_capabilities(self) -> list[Capability]:
         """What this quantizer quantizes, per pattern and setting (see
-        :mod:`qviz.engine.capabilities`).
+        :mod:`qviz.engine.quantizers.capabilities`).
 
         Example:
             >>> XNNPACKQuantizer().quantization_capabilities()  # nothing configured

@@ -1,4 +1,5 @@
-"""What XNNPACKQuantizer quantizes, as capability records (see :mod:`qviz.engine.capabilities`).
+"""What XNNPACKQuantizer quantizes, as capability records (see
+:mod:`qviz.engine.quantizers.capabilities`).
 
 The patterns are those of the annotators in :mod:`qviz.engine.quantizers.annotators`, in the
 order they claim nodes; the dtypes come from each configured setting (global, module name,
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qviz.engine.capabilities import Capability, describe_spec
 from qviz.engine.quantizers.annotators import FIXED_QPARAMS_OPS, SHARE_OPS
+from qviz.engine.quantizers.capabilities import Capability, describe_spec
 from qviz.engine.specs import QuantizationConfig
 
 __all__ = ["xnnpack_capabilities"]

@@ -22,7 +22,7 @@ from qviz.engine.backend_config import (
     pattern_name,
 )
 from qviz.engine.backend_config.observers import observer_spec
-from qviz.engine.prepare import _observer_from_spec
+from qviz.engine.pt2e.prepare import _observer_from_spec
 from qviz.errors import ConfigError
 
 ao_backend = pytest.importorskip("torch.ao.quantization.backend_config")

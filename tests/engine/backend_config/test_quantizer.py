@@ -16,13 +16,13 @@ import warnings
 import pytest
 import torch
 from torch import nn
-from torch.ao.quantization.observer import MinMaxObserver
 
 import qviz
 from qviz.engine import backend_config as qviz_api
 from qviz.engine.backend_config.quantizer import BackendConfigQuantizer
-from qviz.engine.plan import FloatReason
+from qviz.engine.pt2e.plan import FloatReason
 from qviz.errors import ConfigError
+from tests.helpers.backend_config import MyModel, constrained_qconfig, tutorial_backend
 
 ao_api = pytest.importorskip("torch.ao.quantization.backend_config")
 importlib.import_module("torch.ao.quantization.backend_config.utils")
@@ -31,85 +31,6 @@ ao_qconfig = pytest.importorskip("torch.ao.quantization")
 
 nni, nniqat = torch.ao.nn.intrinsic, torch.ao.nn.intrinsic.qat
 nnqr = torch.ao.nn.quantized.reference
-
-
-def tutorial_backend(api):
-    """The tutorial's backend, in ``api`` (qviz's backend_config or torch.ao's)."""
-    act = api.DTypeWithConstraints(
-        dtype=torch.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255,
-        scale_min_lower_bound=2**-12,
-    )  # fmt: skip
-    weight = api.DTypeWithConstraints(
-        dtype=torch.qint8, quant_min_lower_bound=-128, quant_max_upper_bound=127,
-        scale_min_lower_bound=2**-12,
-    )  # fmt: skip
-    dtypes = api.DTypeConfig(
-        input_dtype=act, output_dtype=act, weight_dtype=weight, bias_dtype=torch.float
-    )
-    different = api.ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
-
-    def fuse_conv2d_relu(is_qat, conv, relu):
-        return nni.ConvReLU2d(conv, relu)
-
-    linear = (
-        api.BackendPatternConfig(nn.Linear)
-        .set_observation_type(different)
-        .add_dtype_config(dtypes)
-        .set_root_module(nn.Linear)
-        .set_qat_module(torch.ao.nn.qat.Linear)
-        .set_reference_quantized_module(nnqr.Linear)
-    )
-    conv_relu = (
-        api.BackendPatternConfig((nn.Conv2d, nn.ReLU))
-        .set_observation_type(different)
-        .add_dtype_config(dtypes)
-        .set_fused_module(nni.ConvReLU2d)
-        .set_fuser_method(fuse_conv2d_relu)
-    )
-    fused_conv_relu = (
-        api.BackendPatternConfig(nni.ConvReLU2d)
-        .set_observation_type(different)
-        .add_dtype_config(dtypes)
-        .set_root_module(nn.Conv2d)
-        .set_qat_module(nniqat.ConvReLU2d)
-        .set_reference_quantized_module(nnqr.Conv2d)
-    )
-    return (
-        api.BackendConfig("my_backend")
-        .set_backend_pattern_config(linear)
-        .set_backend_pattern_config(conv_relu)
-        .set_backend_pattern_config(fused_conv_relu)
-    )
-
-
-class MyModel(nn.Module):
-    """The tutorial's model: linear, conv, optional batch norm, relu, sigmoid."""
-
-    def __init__(self, use_bn: bool) -> None:
-        super().__init__()
-        self.linear = nn.Linear(10, 3)
-        self.conv = nn.Conv2d(3, 3, 3)
-        self.bn = nn.BatchNorm2d(3)
-        self.relu = nn.ReLU()
-        self.sigmoid = nn.Sigmoid()
-        self.use_bn = use_bn
-
-    def forward(self, x):
-        x = self.conv(self.linear(x))
-        if self.use_bn:
-            x = self.bn(x)
-        return self.sigmoid(self.relu(x))
-
-
-def _constrained_qconfig(api_qconfig):
-    return api_qconfig(
-        activation=MinMaxObserver.with_args(
-            dtype=torch.quint8, quant_min=0, quant_max=255, eps=2**-12
-        ),
-        weight=MinMaxObserver.with_args(
-            dtype=torch.qint8, qscheme=torch.per_tensor_symmetric, eps=2**-12
-        ),
-    )
 
 
 def _default_qconfig(api_qconfig):
@@ -171,8 +92,8 @@ def _qviz(model, qconfig, batches):
 
 
 SCENARIOS = {
-    "conv-relu": (False, _constrained_qconfig, {"linear", "conv"}),
-    "conv-bn-relu": (True, _constrained_qconfig, {"linear"}),
+    "conv-relu": (False, constrained_qconfig, {"linear", "conv"}),
+    "conv-bn-relu": (True, constrained_qconfig, {"linear"}),
     "default-qconfig": (False, _default_qconfig, set()),
 }
 
@@ -217,7 +138,7 @@ def test_torch_aos_own_backend_and_mapping_objects_are_accepted():
     torch.manual_seed(0)
     model = MyModel(False).eval()
     x = (torch.rand(1, 3, 10, 10),)
-    mapping = ao_qconfig.QConfigMapping().set_global(_constrained_qconfig(ao_qconfig.QConfig))
+    mapping = ao_qconfig.QConfigMapping().set_global(constrained_qconfig(ao_qconfig.QConfig))
     quantizer = BackendConfigQuantizer(tutorial_backend(ao_api), mapping)
     plan = qviz.prepare_pt2e(qviz.export(model, x), quantizer).plan
     assert {f.node for f in plan.float_nodes} == {"sigmoid"}
@@ -229,7 +150,7 @@ def test_a_qconfig_of_none_keeps_that_module_float_and_says_so():
     x = (torch.rand(1, 3, 10, 10),)
     mapping = (
         qviz_api.QConfigMapping()
-        .set_global(_constrained_qconfig(qviz_api.QConfig))
+        .set_global(constrained_qconfig(qviz_api.QConfig))
         .set_module_name("linear", None)
     )
     quantizer = BackendConfigQuantizer(tutorial_backend(qviz_api), mapping)
@@ -295,7 +216,7 @@ def test_an_edit_outside_the_backends_dtype_configs_is_refused_by_validate():
 
     torch.manual_seed(0)
     gm = qviz.export(MyModel(False).eval(), (torch.rand(1, 3, 10, 10),))
-    mapping = qviz_api.QConfigMapping().set_global(_constrained_qconfig(qviz_api.QConfig))
+    mapping = qviz_api.QConfigMapping().set_global(constrained_qconfig(qviz_api.QConfig))
     base = BackendConfigQuantizer(tutorial_backend(qviz_api), mapping)
     edited = OverrideQuantizer(base, {"relu": {"quant_min": 0, "quant_max": 127}})  # in [0, 255]
     assert qviz.prepare_pt2e(gm, edited).plan.group_of("relu").spec.quant_max == 127
@@ -323,7 +244,7 @@ def test_a_qconfig_for_the_nth_call_of_a_type_matches_fx_mode():
     def mapping(api_mapping, api_qconfig):
         return (
             api_mapping()
-            .set_global(_constrained_qconfig(api_qconfig))
+            .set_global(constrained_qconfig(api_qconfig))
             .set_module_name_object_type_order("", nn.Linear, 1, None)
         )
 
@@ -379,7 +300,7 @@ def test_a_conv_whose_batch_norm_no_pattern_names_stays_float_where_fx_splits_it
             .set_root_module(p)
             .set_reference_quantized_module(ref)
         )
-    fx_mapping = ao_qconfig.QConfigMapping().set_global(_constrained_qconfig(ao_qconfig.QConfig))
+    fx_mapping = ao_qconfig.QConfigMapping().set_global(constrained_qconfig(ao_qconfig.QConfig))
     fx, _ = _fx_flow(model, fx_mapping, ao_backend, batches)
     fx_quantized = {
         name
@@ -388,7 +309,7 @@ def test_a_conv_whose_batch_norm_no_pattern_names_stays_float_where_fx_splits_it
     }
     assert fx_quantized == {"linear", "conv"}  # FX: the conv alone, BatchNorm in float
 
-    mapping = api.QConfigMapping().set_global(_constrained_qconfig(api.QConfig))
+    mapping = api.QConfigMapping().set_global(constrained_qconfig(api.QConfig))
     gm = qviz.export(model, batches[0])
     plan = qviz.prepare_pt2e(
         gm, BackendConfigQuantizer(backend(api, nn.Linear, nn.Conv2d), mapping)

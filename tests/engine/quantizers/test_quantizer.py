@@ -1,4 +1,4 @@
-"""Quantizer base class and ComposableQuantizer (qviz.engine.quantizer)."""
+"""Quantizer base class and ComposableQuantizer (qviz.engine.quantizers.base)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from qviz.engine.quantizer import FLOAT_REASON_KEY, ComposableQuantizer, Quantizer
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers.base import FLOAT_REASON_KEY, ComposableQuantizer, Quantizer
 from qviz.engine.specs import QuantizationAnnotation, SharedQuantizationSpec
 from qviz.errors import AnnotationError, ConfigError
 

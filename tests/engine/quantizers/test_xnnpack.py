@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx import GraphModule
 
-from qviz.engine.bn_fold import fold_batch_norm
+from qviz.engine.pt2e.passes.bn_fold import fold_batch_norm
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.specs import FixedQParamsQuantizationSpec, SharedQuantizationSpec
 

@@ -1,0 +1,9 @@
+"""Facts about a captured graph, and no quantization decisions.
+
+Capture (:mod:`~qviz.engine.graph.capture`), the one batch path every entry point uses
+(:mod:`~qviz.engine.graph.inputs`), the one stage check (:mod:`~qviz.engine.graph.stage`), debug
+handles, get_attr values, graph mutation, control flow, train / eval switching of exported graphs,
+the quantize / dequantize operator sets and the per-node values handed to other tools.
+
+Nothing here imports :mod:`qviz.engine.pt2e`: the passes and the flow build on these facts.
+"""

@@ -1,0 +1,92 @@
+"""Capture a model as an ATen graph with torch.export, with errors that say what to do.
+
+Example:
+    >>> import torch
+    >>> gm = export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),))
+    >>> [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    [<OpOverload(op='aten.linear', overload='default')>]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+
+from qviz.engine.graph.debug_handles import assign_handles
+from qviz.errors import ConfigError, QvizError
+
+__all__ = ["dynamic_batch_shapes", "export"]
+
+
+def dynamic_batch_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``dynamic_shapes`` making dimension 0 of every tensor input one shared dynamic "batch".
+
+    Example:
+        >>> dynamic_batch_shapes((torch.randn(2, 3), 1.0))
+        ({0: Dim('batch', min=1, max=1048576)}, None)
+    """
+    batch = torch.export.Dim("batch", min=1, max=2**20)
+    return tuple(
+        {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in example_inputs
+    )
+
+
+def export(
+    model: nn.Module,
+    example_inputs: tuple[Any, ...],
+    *,
+    example_kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    dynamic_batch: bool = False,
+    strict: bool = False,
+) -> GraphModule:
+    """``torch.export.export(model, example_inputs).module()``: the graph qviz quantizes.
+
+    The model is not changed. Put it in eval mode first for post-training quantization
+    (BatchNorm and dropout then export as inference ops).
+
+    Args:
+        model: the float model.
+        example_inputs: a tuple of example positional inputs (a single tensor is accepted).
+        example_kwargs: example keyword inputs.
+        dynamic_shapes: as for ``torch.export.export`` (e.g. a dynamic batch dimension).
+        dynamic_batch: make dimension 0 of every tensor input dynamic (one shared "batch"
+            size), so batches of any size run, the short last one of a DataLoader included.
+        strict: use torch.export's strict (TorchDynamo) tracing; some quantizers need it.
+
+    Raises:
+        QvizError: the model cannot be exported, with torch.export's reason.
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"export needs an nn.Module, got {type(model).__name__}")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, tuple):
+        raise ConfigError(
+            f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}: "
+            f"wrap a single input as (x,)"
+        )
+    if dynamic_batch:
+        if dynamic_shapes is not None:
+            raise ConfigError("give dynamic_batch=True or dynamic_shapes, not both")
+        dynamic_shapes = dynamic_batch_shapes(example_inputs)
+    try:
+        program = torch.export.export(
+            model,
+            example_inputs,
+            kwargs=example_kwargs,
+            dynamic_shapes=dynamic_shapes,
+            strict=strict,
+        )
+    except Exception as exc:  # torch.export raises many types; report them all the same way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QvizError(
+            f"torch.export could not capture {type(model).__name__}: "
+            f"{type(exc).__name__}: {first}. "
+            f"Make the failing code export-friendly (no data-dependent Python control flow), try "
+            f"strict={not strict}, or quantize an exportable submodule"
+        ) from exc
+    return assign_handles(program.module())  # the numeric suite matches operators by these

@@ -1,0 +1,424 @@
+"""Write a quantized model as an ONNX QuantizeLinear / DequantizeLinear (QDQ) graph.
+
+Two kinds of model, both through ``torch.onnx.export`` (the dynamo exporter):
+
+* a model converted by ``qviz.convert_pt2e``: its ``quantized_decomposed`` quantize /
+  dequantize ops become QuantizeLinear / DequantizeLinear one for one (stored int8 weights
+  become int8 initializers read by a DequantizeLinear, per channel with ``axis``);
+  :mod:`qviz.engine.onnx.pt2e` first rewrites narrow ranges on a copy, which torch.onnx would
+  otherwise write with the full int8 range;
+* a model holding TensorQuantizers: exported under ``fb_fake_quant``, so each enabled
+  quantizer is one ``fake_quantize_per_tensor_affine`` / ``..._per_channel_affine``, one
+  QuantizeLinear / DequantizeLinear pair (narrow and sub-8-bit grids clamped into int8 / uint8).
+
+A range no integer type of the opset holds (16 bits before opset 21) is refused up front with
+the node or quantizer named (:mod:`qviz.engine.onnx.ranges`). The graph is then tidied like
+torch.onnx's own ``optimize=True`` (constants folded, initializers lifted) except that
+quantize / dequantize nodes are never folded and identical DequantizeLinear nodes are not
+merged, so the file has one DequantizeLinear for each dequantize of the converted graph, as
+QDQ runtimes expect (one per consumer). ``onnx.checker`` checks the file before it is returned.
+
+Numerics: every QuantizeLinear computes exactly ONNX's definition with the source's scale, zero
+point and range, but that definition divides by the scale where torch multiplies by
+``1 / scale``: the two round one step apart for values within float32 rounding of a rounding
+boundary (about 1 in 10^5 at 8 bits in the tested models; 16-bit grids, finer relative to
+float32, more). Float operators (Conv, Gemm) also sum in another order than torch. So
+onnxruntime and torch agree to within a few output steps, not bitwise; the tests measure how
+close (tests/engine/onnx/test_export.py).
+
+This is the only qviz module that imports onnx, onnxscript and onnx_ir, inside the functions
+that need them.
+
+Example:
+    >>> import tempfile, torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    >>> x = torch.randn(2, 4)
+    >>> prepared = qviz.prepare_pt2e(qviz.export(model, (x,)),
+    ...     XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
+    >>> _ = qviz.calibrate(prepared, x, progress=False)
+    >>> converted = qviz.convert_pt2e(prepared)
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     result = export_onnx(converted, (x,), f"{folder}/linear.onnx")
+    >>> result.quantize_linear, result.dequantize_linear   # input, output; + the weight's
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+
+from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.graph.node_data import (
+    REPORT_COLUMNS,
+    SCALE,
+    check_report_matches,
+    op_name,
+    output_scales,
+    report_columns,
+    report_ops,
+    report_values,
+)
+from qviz.engine.onnx.metadata import format_value, onnx_sources, write_metadata
+from qviz.engine.onnx.pt2e import has_qdq, onnx_ready_copy
+from qviz.engine.onnx.ranges import INT16_OPSET, OnnxRange, onnx_type
+from qviz.engine.qparams import quant_range
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer, fb_fake_quant
+from qviz.errors import ConfigError, MissingDependencyError, OnnxExportError
+
+__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "OnnxExport", "export_onnx"]
+
+#: torch.onnx's default opset; int16 / uint16 ranges need :data:`INT16_OPSET` (21).
+DEFAULT_OPSET = 20
+#: The oldest opset torch.onnx's dynamo exporter writes without a version conversion.
+MIN_OPSET = 18
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+@dataclass(frozen=True, repr=False)
+class OnnxExport:
+    """What :func:`export_onnx` wrote.
+
+    Attributes:
+        path: the ``.onnx`` file.
+        opset: its ONNX opset.
+        source: ``"pt2e"`` (a converted graph) or ``"tensor_quantizer"`` (TensorQuantizers).
+        op_counts: ONNX node count per operator type, e.g. ``{"QuantizeLinear": 11, ...}``.
+        ranges: how each quantized tensor is written: one record per quantize node of the
+            converted graph, or per enabled TensorQuantizer, in order.
+        model: the written ``onnx.ModelProto`` (not in the repr).
+        node_properties: with a report, ``{operator of the converted graph: names of the ONNX
+            nodes carrying its qviz.* properties}`` (:mod:`qviz.engine.onnx.metadata`).
+    """
+
+    path: Path
+    opset: int
+    source: str
+    op_counts: dict[str, int] = field(hash=False)
+    ranges: tuple[OnnxRange, ...]
+    model: Any = field(repr=False, compare=False, hash=False)
+    node_properties: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, repr=False, compare=False, hash=False
+    )
+
+    def __repr__(self) -> str:
+        clamped = sum(r.clamped for r in self.ranges)
+        return (
+            f"OnnxExport('{self.path}', opset={self.opset}, {self.source}: "
+            f"{self.quantize_linear} QuantizeLinear, {self.dequantize_linear} DequantizeLinear, "
+            f"{len(self.ranges)} ranges ({clamped} clamped))"
+        )
+
+    @property
+    def quantize_linear(self) -> int:
+        """The number of QuantizeLinear nodes."""
+        return self.op_counts.get("QuantizeLinear", 0)
+
+    @property
+    def dequantize_linear(self) -> int:
+        """The number of DequantizeLinear nodes."""
+        return self.op_counts.get("DequantizeLinear", 0)
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        package = name.split(".")[0].replace("_", "-")
+        raise MissingDependencyError(
+            f"export_onnx needs {package}: pip install 'qviz[onnx]' (onnx, onnxscript, and "
+            f"onnxruntime to run the result)"
+        ) from exc
+
+
+def _check_opset(opset: Any) -> int:
+    newest = _import("onnx").defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= newest:
+        raise ConfigError(
+            f"export_onnx: opset must be an int from {MIN_OPSET} to {newest} (the installed "
+            f"onnx's newest), got {opset!r}; int16 ranges need {INT16_OPSET} or later"
+        )
+    return opset
+
+
+def _quantizer_range(name: str, tq: TensorQuantizer, opset: int) -> OnnxRange:
+    """How the enabled quantizer ``tq`` (at module path ``name``) is written, or why not."""
+    where = f"TensorQuantizer {name!r}"
+    if getattr(tq, "_if_calib", False):
+        raise OnnxExportError(
+            f"{where} is calibrating (its forward collects statistics): call "
+            f"load_calib_amax() and disable_calib() before export_onnx"
+        )
+    if tq.amax is None:
+        raise OnnxExportError(
+            f"{where} has no amax, so it would compute a scale from each input: QuantizeLinear "
+            f"needs a fixed scale; calibrate it (load_calib_amax()) or give the descriptor amax="
+        )
+    if not tq.fake_quant:
+        raise OnnxExportError(
+            f"{where} has fake_quant=False: its forward returns integers, which ONNX's "
+            f"QuantizeLinear / DequantizeLinear pair does not; describe it with fake_quant=True"
+        )
+    if tq.axis is not None and len(tq.axis) != 1:
+        raise OnnxExportError(
+            f"{where} keeps one amax per index of axes {tq.axis}: ONNX's per-channel "
+            f"QuantizeLinear takes a single axis; quantize along one axis (or per tensor)"
+        )
+    qmin, qmax = quant_range(tq.num_bits, unsigned=tq.unsigned, narrow_range=tq.narrow_range)
+    bits = f"{tq.num_bits}-bit{' unsigned' if tq.unsigned else ''}"
+    kind = onnx_type(qmin, qmax, opset=opset, where=f"{where} ({bits})")
+    return OnnxRange(name, qmin, qmax, kind.name, kind.clamps(qmin, qmax))
+
+
+def _quantizer_ranges(model: nn.Module, opset: int) -> tuple[OnnxRange, ...]:
+    """One record per enabled (not disabled, quantizing) TensorQuantizer of ``model``."""
+    return tuple(
+        _quantizer_range(name, m, opset)
+        for name, m in model.named_modules()
+        if isinstance(m, TensorQuantizer)
+        and not getattr(m, "_disabled", False)
+        and getattr(m, "_if_quant", True)
+    )
+
+
+def _prepare(model: nn.Module, opset: int) -> tuple[nn.Module, str, tuple[OnnxRange, ...]]:
+    """A copy of ``model`` ready for torch.onnx, what it is, and how its ranges are written."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"export_onnx needs an nn.Module, got {type(model).__name__}")
+    if isinstance(model, GraphModule) and has_qdq(model):
+        ready, ranges = onnx_ready_copy(model, opset)
+        if any(isinstance(m, TensorQuantizer) for m in ready.modules()):
+            ranges += _quantizer_ranges(ready, opset)
+        return ready, "pt2e", ranges
+    if any(isinstance(m, TensorQuantizer) for m in model.modules()):
+        ranges = _quantizer_ranges(model, opset)
+        return copy.deepcopy(model), "tensor_quantizer", ranges
+    raise OnnxExportError(
+        f"export_onnx: {type(model).__name__} has no quantize / dequantize operators and no "
+        f"TensorQuantizer: convert it first (qviz.prepare_pt2e, qviz.calibrate, "
+        f"qviz.convert_pt2e), or quantize it with qviz.engine.tensor.quant_nn layers"
+    )
+
+
+def _fake_quant_translations(opset: int) -> dict:
+    """torch.onnx translations of torch's fake_quantize ops for any range up to 16 bits:
+    QuantizeLinear / DequantizeLinear in the smallest type holding the range, the input clamped
+    to the range's end levels first when the range is narrower. (torchlib's own take only
+    the 8-bit ranges.) Used where a TensorQuantizer has more than 8 bits."""
+    ir = _import("onnx_ir")
+    op = _import("onnxscript").opset21
+    types = {"int8": ir.DataType.INT8, "uint8": ir.DataType.UINT8}
+    types |= {"int16": ir.DataType.INT16, "uint16": ir.DataType.UINT16}
+
+    def qdq(x, scale, zero_point, axis, quant_min, quant_max):
+        kind = onnx_type(quant_min, quant_max, opset=opset, where="fake_quantize")
+        if isinstance(scale, float | int):
+            scale = op.Constant(value_float=float(scale))
+        if isinstance(zero_point, int):
+            zero_point = op.Constant(value_int=zero_point)
+        if kind.clamps(quant_min, quant_max):
+            zp = op.Cast(zero_point, to=ir.DataType.FLOAT)
+            low = op.Mul(op.Sub(op.Constant(value_float=float(quant_min)), zp), scale)
+            high = op.Mul(op.Sub(op.Constant(value_float=float(quant_max)), zp), scale)
+            if axis is not None:  # per channel: bounds broadcast along the axis
+                shape = [1] * len(x.shape)
+                shape[axis] = -1
+                low = op.Reshape(low, op.Constant(value_ints=shape))
+                high = op.Reshape(high, op.Constant(value_ints=shape))
+            x = op.Max(op.Min(x, high), low)
+        zp = op.Cast(zero_point, to=types[kind.name])
+        attrs = {} if axis is None else {"axis": axis}
+        return op.DequantizeLinear(op.QuantizeLinear(x, scale, zp, **attrs), scale, zp, **attrs)
+
+    def per_tensor(x, scale, zero_point, quant_min, quant_max):
+        return qdq(x, scale, zero_point, None, quant_min, quant_max)
+
+    def per_channel(x, scale, zero_point, axis, quant_min, quant_max):
+        return qdq(x, scale, zero_point, axis % len(x.shape), quant_min, quant_max)
+
+    aten = torch.ops.aten
+    return {
+        aten.fake_quantize_per_tensor_affine.default: per_tensor,
+        aten.fake_quantize_per_tensor_affine.tensor_qparams: per_tensor,
+        aten.fake_quantize_per_channel_affine.default: per_channel,
+    }
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _torch_onnx(model: nn.Module, args: tuple, opset: int, **options: Any) -> Any:
+    """``torch.onnx.export`` without its own optimization, its errors as OnnxExportError."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*training mode.*")
+            return torch.onnx.export(
+                model, args, None, dynamo=True, opset_version=opset, optimize=False,
+                verbose=False, **options,
+            )  # fmt: skip
+    except Exception as exc:  # torch.onnx raises many types; report them all the same way
+        cause = _root_cause(exc)
+        fix = "make the model export-friendly (torch.export must capture it)"
+        if "dynamic_shapes" in options:
+            fix = (
+                "export with dynamic_batch=False: torch cannot trace its fake_quantize ops with "
+                "a dynamic batch (TensorQuantizer models)"
+                if "fake_quantize" in cause
+                else f"{fix}, or export with dynamic_batch=False"
+            )
+        raise OnnxExportError(
+            f"torch.onnx could not export {type(model).__name__}: {cause}; {fix}"
+        ) from exc
+
+
+def _keep_qdq(node: Any) -> bool | None:
+    """Constant folding leaves quantize / dequantize nodes alone (None: the default rules)."""
+    return False if node.domain == "" and node.op_type in _QDQ_OPS else None
+
+
+def _tidy(model: Any) -> None:
+    """torch.onnx's ``optimize=True`` passes on the IR model, in place, without folding Q / DQ
+    and without merging identical nodes (which would share one DequantizeLinear among the
+    consumers the converted graph gave one each)."""
+    optimizer = _import("onnxscript.optimizer")
+    rewriter = _import("onnxscript.rewriter")
+    common = _import("onnx_ir.passes.common")
+    optimizer.inline(model)
+    for _ in range(2):
+        optimizer.fold_constants_ir(model, should_fold=_keep_qdq)
+        rewriter.rewrite(model)
+    common.RemoveUnusedNodesPass()(model)
+    common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    common.DeduplicateInitializersPass()(model)
+    common.RemoveUnusedNodesPass()(model)
+
+
+def _report_values(report: Any, ready: nn.Module, source: str) -> dict[str, dict[str, float]]:
+    """``{operator: {column: value}}`` to write, checked against the converted graph."""
+    if report is None:
+        return {}
+    if source != "pt2e" or not isinstance(ready, GraphModule):
+        raise ConfigError(
+            "export_onnx(report=...) takes the report of a model converted by qviz.convert_pt2e; "
+            "a TensorQuantizer model's layers are not graph operators: export it without report"
+        )
+    ops = {n.name: op_name(n) for n in ready.graph.nodes if n.op == "call_function"}
+    rows = report_ops(report)
+    check_report_matches(report, [r for r, op in rows.items() if ops.get(r) == op], ops,
+                         "this converted model")  # fmt: skip
+    columns = [c for c in REPORT_COLUMNS if c in report_columns(report)]
+    values = report_values(report, columns)
+    for node, scale in output_scales(ready.graph).items():
+        if node in ops:
+            values.setdefault(node, {})[SCALE] = scale
+    return values
+
+
+def _annotate(program: Any, ready: GraphModule, values: dict, report: Any) -> dict:
+    """Write the values as node metadata properties on torch.onnx's model, and the summary."""
+    summary = {"output_sqnr": format_value(float(getattr(report, "output_sqnr", math.nan)))}
+    if callable(getattr(report, "summary", None)):
+        summary["numeric_report"] = str(report.summary())
+    sources = onnx_sources(program.exported_program, ready)
+    return write_metadata(program.model, sources, values, summary)
+
+
+def _write(program: Any, path: Path) -> Any:
+    """Save ``program``, check the file with onnx.checker, and return its ModelProto."""
+    onnx = _import("onnx")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path))
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise OnnxExportError(f"onnx.checker rejects {path}: {_root_cause(exc)}") from exc
+    return onnx.load(str(path))
+
+
+def export_onnx(
+    model: nn.Module,
+    example_inputs: tuple[Any, ...] | torch.Tensor,
+    path: str | Path,
+    *,
+    opset: int = DEFAULT_OPSET,
+    dynamic_batch: bool = False,
+    report: Any = None,
+) -> OnnxExport:
+    """Export a quantized model to an ONNX QuantizeLinear / DequantizeLinear graph at ``path``.
+
+    ``model`` is not changed: a converted graph is rewritten on a copy, and TensorQuantizers
+    are switched to torch's fake-quantize ops (``fb_fake_quant``) on a copy.
+
+    Args:
+        model: a model converted by ``qviz.convert_pt2e``, or a model holding TensorQuantizers
+            (calibrated: amax loaded, calibration off; disabled ones export as identities).
+        example_inputs: a tuple of example positional inputs (a single tensor is accepted).
+        path: the ``.onnx`` file to write (folders are created).
+        opset: ONNX opset, :data:`MIN_OPSET` or later; int16 / uint16 ranges need 21.
+        dynamic_batch: make dimension 0 of every tensor input dynamic. (Not for TensorQuantizer
+            models: torch cannot trace its fake-quantize ops with a dynamic batch.)
+        report: the :class:`~qviz.numeric.report.NumericReport` of :func:`qviz.numeric.compare`
+            for this converted model: each operator's ONNX node(s) then carry ``qviz.local_sqnr``,
+            ``qviz.cumulative_sqnr``, ``qviz.clipped``, ``qviz.scale`` and ``qviz.node`` as
+            metadata properties, and the model ``qviz.numeric_report`` and
+            ``qviz.output_sqnr``; Netron shows both (:mod:`qviz.engine.onnx.metadata`).
+
+    Returns:
+        An :class:`OnnxExport`: the path, the ``onnx.ModelProto``, the node count per operator
+        (``.quantize_linear`` / ``.dequantize_linear``: one per quantize / dequantize of a
+        converted graph, one pair per enabled TensorQuantizer) and how each range is written.
+
+    Raises:
+        OnnxExportError: a range the opset cannot express (int16 before opset 21), a
+            TensorQuantizer on several axes, without amax, still calibrating or returning
+            integers, dynamic or affine quantization, or torch.onnx's failure with its cause.
+        ConfigError: a bad opset, a model that is not an nn.Module, or a report that is not
+            the numeric report of this converted model.
+        MissingDependencyError: onnx or onnxscript is not installed.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from qviz.engine.tensor.tensor_quant import QuantDescriptor, TensorQuantizer
+        >>> model = torch.nn.Sequential(TensorQuantizer(QuantDescriptor(num_bits=4, amax=1.0)))
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     result = export_onnx(model, torch.randn(2, 3), f"{folder}/tq.onnx")
+        >>> str(result.ranges[0]), result.quantize_linear, result.dequantize_linear
+        ('0: -8..7 (clamped, then int8)', 1, 1)
+    """
+    opset = _check_opset(opset)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, tuple):
+        raise ConfigError(
+            f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}: "
+            f"wrap a single input as (x,)"
+        )
+    ready, source, ranges = _prepare(model, opset)
+    values = _report_values(report, ready, source)
+    options: dict[str, Any] = {}
+    if dynamic_batch:
+        options["dynamic_shapes"] = dynamic_batch_shapes(example_inputs)
+    if any(r.onnx_type in ("int16", "uint16") for r in ranges):  # only fake_quantize ops use it
+        options["custom_translation_table"] = _fake_quant_translations(opset)
+    with fb_fake_quant(ready):
+        program = _torch_onnx(ready, example_inputs, opset, **options)
+    _tidy(program.model)
+    placed = _annotate(program, ready, values, report) if report is not None else {}
+    proto = _write(program, Path(path))
+    counts = Counter(n.op_type for n in proto.graph.node)
+    return OnnxExport(Path(path), opset, source, dict(counts), ranges, proto, placed)

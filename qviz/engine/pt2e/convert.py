@@ -1,0 +1,248 @@
+"""convert_pt2e: observers become quantize/dequantize ops; constant weights become int8 tensors.
+
+On a copy of the prepared model, in the reference's order:
+
+1. each observer call becomes the q/dq ops of its qparams
+   (:mod:`qviz.engine.pt2e.passes.observer_to_qdq`:
+   per tensor, per channel, dynamic, float16, or the observer's own ``convert``);
+2. each annotated consumer of a shared dequantize gets its own
+   (:mod:`qviz.engine.pt2e.passes.duplicate_dq`), the layout backend partitioners match;
+3. the quantized operators' ``quantization_tag`` and ``stack_trace`` are copied onto their q/dq
+   nodes (:mod:`qviz.engine.pt2e.passes.port_metadata`);
+4. with ``fold_quantize``, every quantize op on a constant (a weight, also through ``t`` or
+   ``permute``) is computed once and stored as an integer tensor
+   (:mod:`qviz.engine.pt2e.passes.constant_fold`), so the model keeps only ``dequantize`` for it.
+
+The bodies of loops (``scan``, ``while_loop``) are converted first, the same way.
+
+The prepared model is left as it is.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+    >>> prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config()))
+    >>> _ = qviz.calibrate(prepared, torch.randn(8, 4), progress=False)
+    >>> quantized = qviz.convert_pt2e(prepared)
+    >>> sorted({n.target.__name__ for n in quantized.graph.nodes if n.op == "call_function"})
+    ['dequantize_per_tensor.default', 'linear.default', 'quantize_per_tensor.default']
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+from torch.fx import GraphModule, Node
+
+from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
+from qviz.engine.graph.stage import Stage, is_observer, model_stage
+from qviz.engine.graph.train_eval import disallow_train_eval
+from qviz.engine.pt2e.annotations import rebind_annotations
+from qviz.engine.pt2e.passes.constant_fold import fold_quantized_constants
+from qviz.engine.pt2e.passes.duplicate_dq import duplicate_dequantize
+from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
+from qviz.engine.pt2e.passes.port_metadata import port_metadata
+from qviz.engine.pt2e.passes.qat_conv_bn import fold_qat_conv_bn
+from qviz.engine.pt2e.plan import QParams, QuantPlan
+from qviz.errors import CalibrationError, ConfigError
+
+__all__ = ["convert_pt2e", "is_observer"]
+
+
+def _saw_no_data(obs: nn.Module) -> bool:
+    inner = getattr(obs, "activation_post_process", None)
+    if isinstance(inner, nn.Module) and not callable(getattr(obs, "convert", None)):
+        return _saw_no_data(inner)  # a fake-quantize module: its observer (the fused op
+        # updates the observer's min_val / max_val without calling it)
+    if callable(getattr(obs, "convert", None)) and hasattr(obs, "block_size"):
+        return obs.block_size is None  # affine observers learn their block size from data
+    if getattr(obs, "is_dynamic", False) or getattr(obs, "dtype", None) in FLOAT_DTYPES:
+        return False
+    if type(obs).__name__ in ("FixedQParamsObserver", "DerivedQParamsObserver"):
+        return False
+    if hasattr(obs, "num_batches") and int(obs.num_batches):
+        return False
+    min_val = getattr(obs, "min_val", None)  # +inf (per channel: empty) until data is seen
+    if not isinstance(min_val, torch.Tensor):
+        return int(getattr(obs, "num_batches", 1)) == 0
+    return min_val.numel() == 0 or bool(torch.isinf(min_val).all())
+
+
+def _check_calibrated(
+    gm: GraphModule, nodes: list[Node], plan: QuantPlan | None, allow_uncalibrated: bool
+) -> None:
+    targets = dict.fromkeys(str(n.target) for n in nodes)  # graph order, each once
+    unseen = [t for t in targets if _saw_no_data(gm.get_submodule(t))]
+    if not unseen:
+        return
+    lines = []
+    for name in unseen:
+        members = [
+            ", ".join(str(m) for m in g.members)
+            for g in (plan.groups if plan else ())
+            if g.observer == name
+        ]
+        lines.append(f"  {name} (observes {members[0] if members else 'a tensor'})")
+    if allow_uncalibrated:
+        warnings.warn(
+            f"convert_pt2e(allow_uncalibrated=True): {len(unseen)} observer(s) saw no data and "
+            f"get their default qparams (scale 1.0, zero_point 0 for min/max observers):\n"
+            + "\n".join(lines),
+            stacklevel=3,
+        )
+        return
+    raise CalibrationError(
+        f"{len(unseen)} observer(s) saw no data, so their qparams would be meaningless:\n"
+        + "\n".join(lines)
+        + "\nrun calibration batches through the prepared model first (qviz.calibrate), and "
+        "check that the inputs reach these tensors; to convert anyway with the observers' "
+        "default qparams (a structural test, a graph to lower), pass allow_uncalibrated=True"
+    )
+
+
+def convert_pt2e(
+    model: GraphModule,
+    *,
+    fold_quantize: bool = True,
+    use_reference_representation: bool = False,
+    allow_uncalibrated: bool = False,
+) -> GraphModule:
+    """Replace the observers of a calibrated model by quantize/dequantize ops; return the copy.
+
+    Args:
+        model: the output of :func:`qviz.prepare_pt2e`, calibrated.
+        fold_quantize: store quantized constants (weights) as integer tensors.
+        use_reference_representation: rewrite quantized linear/conv into readable integer
+            arithmetic (int16 widening, int32 accumulation, requantize), for teaching; it
+            matches the quantize/dequantize form within one quantization step
+            (:mod:`qviz.engine.pt2e.passes.reference_representation`). Needs ``fold_quantize``.
+        allow_uncalibrated: convert observers that saw no data with their default qparams
+            (what the reference does silently), with a warning that lists them, instead of
+            refusing. For graphs whose numbers do not matter: a structural test, a lowering
+            dry run.
+
+    Raises:
+        CalibrationError: observers that saw no data, each listed with the tensors it observes
+            (unless ``allow_uncalibrated``).
+    """
+    if not isinstance(model, GraphModule):
+        raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
+    # GraphModule's deepcopy keeps the graph and state, not .plan
+    gm = rebind_annotations(copy.deepcopy(model))
+    renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
+    plan = getattr(model, "plan", None)
+    if renamed and plan is not None:
+        plan = plan.renamed(renamed)
+    bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
+    nodes = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
+    ]
+    if not nodes:
+        gm.plan = plan
+        return disallow_train_eval(_without_observers(model, gm, bodies))
+    _check_calibrated(gm, nodes, plan, allow_uncalibrated)
+    qparams: dict[str, QParams] = {}
+    for node in nodes:
+        record = replace_observer(gm, node, gm.get_submodule(node.target))
+        if record is not None:
+            qparams[str(node.target)] = record
+    duplicate_dequantize(gm)
+    port_metadata(gm)
+    if fold_quantize:
+        fold_quantized_constants(gm)
+    _drop_dead_constants(gm)
+    for name in {str(n.target) for n in nodes}:
+        delattr(gm, name)
+    gm.graph.lint()
+    gm.recompile()
+    made = _made_by_observer(gm)
+    if plan is not None:
+        by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
+        nodes_by_group = {g.group: made.get(g.observer, ()) for g in plan.groups}
+        gm.plan = plan.with_qparams(by_group, nodes_by_group)
+    if use_reference_representation:
+        if not fold_quantize:
+            raise ConfigError(
+                "use_reference_representation=True rewrites integer weights: "
+                "keep fold_quantize=True"
+            )
+        from qviz.engine.pt2e.passes.reference_representation import to_reference_representation
+
+        gm = to_reference_representation(gm)
+    return disallow_train_eval(gm)
+
+
+def _without_observers(model: GraphModule, gm: GraphModule, bodies: int) -> GraphModule:
+    """The converted copy of a model whose graph has no observers, or the error saying why."""
+    plan = getattr(model, "plan", None)
+    if bodies:  # all the quantized operators are inside loops
+        return gm
+    if plan is not None and not plan.groups:
+        warnings.warn(
+            "convert_pt2e: the quantizer annotated nothing in this model, so it stays as it "
+            f"was; model.plan.float_nodes says why for each operator ({len(plan.float_nodes)})",
+            stacklevel=3,
+        )
+        return gm
+    if model_stage(model) is Stage.CONVERTED:
+        raise ConfigError(
+            "convert_pt2e got a model that is already converted (quantize/dequantize ops, no "
+            "observers): use it as it is"
+        )
+    raise ConfigError(
+        "convert_pt2e got a model with no observers: it was never prepared; run "
+        "qviz.prepare_pt2e(exported, quantizer), calibrate the result, then convert that"
+    )
+
+
+def _convert_loop_bodies(
+    model: GraphModule, gm: GraphModule, fold_quantize: bool, allow_uncalibrated: bool
+) -> int:
+    """Convert the prepared body of each loop of ``gm`` (a copy of ``model``) in place; how many
+    there were."""
+    converted = 0
+    for _, path in list(loop_bodies(gm)):
+        body = gm.get_submodule(path)
+        if isinstance(body, GraphModule) and model_stage(body) is Stage.PREPARED:
+            body.plan = getattr(model.get_submodule(path), "plan", None)  # deepcopy drops it
+            body = convert_pt2e(
+                body, fold_quantize=fold_quantize, allow_uncalibrated=allow_uncalibrated
+            )
+            replace_submodule(gm, path, body)
+            converted += 1
+    return converted
+
+
+def _made_by_observer(gm: GraphModule) -> dict[str, tuple[str, ...]]:
+    """Observer name -> the converted nodes made from it; the marks are removed from the meta
+    (read once: the plan keeps the answer, and node metadata stays the reference's)."""
+    by_observer: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if OBSERVER_KEY in node.meta:
+            by_observer.setdefault(node.meta.pop(OBSERVER_KEY), []).append(node.name)
+    return {name: tuple(made) for name, made in by_observer.items()}
+
+
+def _drop_dead_constants(gm: GraphModule) -> None:
+    """Erase unread get_attr nodes, then every parameter or buffer no get_attr reads any more
+    (float weights replaced by integer ones, folded BatchNorm statistics), so they are not saved."""
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            gm.graph.erase_node(node)
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    named = [
+        *gm.named_parameters(remove_duplicate=False),
+        *gm.named_buffers(remove_duplicate=False),
+    ]
+    for name, _ in named:
+        owner, _, attr = name.rpartition(".")
+        inside_called = any(name.startswith(f"{c}.") for c in called)
+        if name not in read and not inside_called and hasattr(gm.get_submodule(owner), attr):
+            delattr(gm.get_submodule(owner), attr)

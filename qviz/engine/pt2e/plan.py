@@ -1,0 +1,401 @@
+"""QuantPlan: the engine's decisions as frozen, tensor-free records that every view reads.
+
+For every observed edge and node output: its sharing group, how it joined the group (own spec,
+explicit SharedQuantizationSpec, implicit equal-spec sharing, transitively) and its spec; for every
+group: the observer module and the resolved spec (and, after convert, its qparams); for every
+quantizable node left in float: why.
+
+Example:
+    >>> import torch
+    >>> import qviz
+    >>> from torch import nn
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    >>> gm = qviz.export(model, (torch.randn(2, 4),))
+    >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    >>> plan = qviz.prepare_pt2e(gm, q).plan
+    >>> [(str(t.tensor), t.group, str(t.how)) for t in plan][:2]
+    [('input_1 -> linear', 0, 'own spec'), ('_0_weight -> linear', 1, 'own spec')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
+from qviz.engine.pt2e.passes.qat_conv_bn import QAT_PART
+from qviz.engine.pt2e.sharing import Sharing
+from qviz.engine.qparams import QParams
+from qviz.engine.specs import (
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    FixedQParamsQuantizationSpec,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+)
+from qviz.errors import ConfigError, closest_names
+
+__all__ = [
+    "QAT_PART",
+    "FloatReason",
+    "FloatRecord",
+    "GroupRecord",
+    "QParams",
+    "QuantPlan",
+    "SpecSummary",
+    "TensorRecord",
+    "TensorRef",
+    "build_plan",
+]
+
+aten = torch.ops.aten
+
+#: ``node.meta`` key of the nodes QAT adds around a trainable conv + BatchNorm (and of that
+#: BatchNorm): part of the quantized conv, folded at convert, so never reported as float.
+
+#: Ops a quantizer is expected to handle; such a node without annotation is reported as float.
+QUANTIZABLE_OPS = {
+    aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.conv1d.padding,
+    aten.conv2d.padding, aten.conv3d.padding, aten.conv_transpose2d.input, aten.linear.default,
+    aten.matmul.default, aten.bmm.default, aten.addmm.default, aten.mm.default,
+    aten.add.Tensor, aten.add_.Tensor, aten.mul.Tensor, aten.mul_.Tensor, aten.cat.default,
+    aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default,
+    aten.mean.dim, aten.relu.default, aten.relu_.default, aten.hardtanh.default,
+    aten.sigmoid.default, aten.tanh.default, aten.softmax.int, aten._softmax.default,
+    aten.batch_norm.default,
+}  # fmt: skip
+
+
+class FloatReason(StrEnum):
+    """Why a quantizable node was left in float."""
+
+    UNANNOTATED = "unannotated"
+    FILTERED_BY_MODULE_NAME = "filtered by module name"
+    FILTERED_BY_MODULE_TYPE = "filtered by module type"
+    DTYPE_CONSTRAINT = "dtype constraint violated"
+    PATTERN_UNSUPPORTED = "pattern unsupported"
+    USER_FALLBACK = "user fallback"
+    BATCH_NORM_NOT_FOLDED = "batch norm not folded"
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An edge ``producer -> consumer``, or a node's output when ``consumer`` is None."""
+
+    producer: str
+    consumer: str | None = None
+
+    @classmethod
+    def of(cls, key: EdgeOrNode) -> TensorRef:
+        return cls(key[0].name, key[1].name) if isinstance(key, tuple) else cls(key.name)
+
+    def __str__(self) -> str:
+        return self.producer if self.consumer is None else f"{self.producer} -> {self.consumer}"
+
+
+@dataclass(frozen=True)
+class SpecSummary:
+    """A spec as plain values: kind ("observed", "fixed", "derived", "shared") and its fields."""
+
+    kind: str
+    dtype: str | None = None
+    quant_min: int | None = None
+    quant_max: int | None = None
+    qscheme: str | None = None
+    ch_axis: int | None = None
+    is_dynamic: bool = False
+    observer: str | None = None
+    scale: float | None = None
+    zero_point: int | None = None
+    shared_with: TensorRef | None = None
+    derived_from: tuple[TensorRef, ...] = ()
+    #: The calibration method a HistogramObserver was built with (``method=``), if given.
+    method: str | None = None
+
+    @classmethod
+    def of(cls, spec: QuantizationSpecBase) -> SpecSummary:
+        if isinstance(spec, SharedQuantizationSpec):
+            return cls("shared", shared_with=TensorRef.of(spec.edge_or_node))
+        common = {
+            "dtype": str(spec.dtype).replace("torch.", ""),
+            "quant_min": spec.quant_min,
+            "quant_max": spec.quant_max,
+            "qscheme": str(spec.qscheme).replace("torch.", "") if spec.qscheme else None,
+            "is_dynamic": bool(spec.is_dynamic),
+        }
+        if isinstance(spec, FixedQParamsQuantizationSpec):
+            return cls("fixed", scale=float(spec.scale), zero_point=int(spec.zero_point), **common)
+        if isinstance(spec, DerivedQuantizationSpec):
+            derived = tuple(TensorRef.of(k) for k in spec.derived_from)
+            return cls("derived", ch_axis=spec.ch_axis, derived_from=derived, **common)
+        ctor = spec.observer_or_fake_quant_ctr
+        name = getattr(getattr(ctor, "p", None), "func", ctor)
+        method = getattr(ctor, "kwargs", {}).get("method")
+        return cls(
+            "observed",
+            ch_axis=spec.ch_axis,
+            observer=getattr(name, "__name__", str(name)),
+            method=str(method) if method is not None else None,
+            **common,
+        )
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One observed tensor: its group, how it joined it (and via which tensor), its own spec."""
+
+    tensor: TensorRef
+    group: int
+    how: str
+    via: TensorRef | None
+    spec: SpecSummary
+    #: Why this member of the group has no observer call of its own ("" when it has one).
+    unobserved: str = ""
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One sharing group: its observer module, the tensor owning it, the resolved spec."""
+
+    group: int
+    observer: str
+    owner: TensorRef
+    spec: SpecSummary
+    members: tuple[TensorRef, ...]
+    qparams: QParams | None = None
+    #: A calibration choice the user made for this group (e.g. ``"entropy"``), or None.
+    choice: str | None = None
+    #: After convert: the graph's nodes that execute this group (its quantize, each consumer's
+    #: dequantize, stored integer weights), so views find them without matching arguments.
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FloatRecord:
+    """A quantizable node left in float, and why."""
+
+    node: str
+    op: str
+    reason: FloatReason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Every decision of prepare (and convert's qparams) as records; iterating gives the tensors."""
+
+    groups: tuple[GroupRecord, ...]
+    tensors: tuple[TensorRecord, ...]
+    float_nodes: tuple[FloatRecord, ...] = field(default=())
+    #: Submodule paths of loop bodies (scan, while_loop) quantized with plans of their own
+    #: (``model.get_submodule(path).plan``).
+    loop_bodies: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[TensorRecord]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def group(self, group_id: int) -> GroupRecord:
+        """The record of group ``group_id``."""
+        return self.groups[group_id]
+
+    def group_of(self, producer: str, consumer: str | None = None) -> GroupRecord:
+        """The group observing ``producer -> consumer`` (or ``producer``'s output)."""
+        return self.groups[self.record(producer, consumer).group]
+
+    def with_qparams(
+        self, qparams: dict[int, QParams], nodes: dict[int, tuple[str, ...]] | None = None
+    ) -> QuantPlan:
+        """A copy whose groups carry the given qparams (and the converted nodes executing them)."""
+        nodes = nodes or {}
+        groups = tuple(
+            replace(g, qparams=qparams.get(g.group, g.qparams), nodes=nodes.get(g.group, g.nodes))
+            for g in self.groups
+        )
+        return replace(self, groups=groups)
+
+    def renamed(self, names: dict[str, str]) -> QuantPlan:
+        """A copy whose tensor references use new node names (``old -> new``): after QAT's
+        convert folds a BatchNorm, the conv computes what the BatchNorm did.
+
+        Example:
+            >>> plan = QuantPlan((), (TensorRecord(TensorRef("bn", "relu"), 0, "own spec", None,
+            ...                                    SpecSummary("observed")),))
+            >>> str(plan.renamed({"bn": "conv2d"}).tensors[0].tensor)
+            'conv2d -> relu'
+        """
+        return _renamed(self, names) if names else self
+
+    def group_of_node(self, name: str) -> GroupRecord | None:
+        """The group a converted graph's quantize/dequantize node (or integer weight) executes."""
+        return next((g for g in self.groups if name in g.nodes), None)
+
+    def with_choices(self, choices: dict[int, str]) -> QuantPlan:
+        """A copy whose groups record the user's calibration choices (group -> method)."""
+        groups = tuple(replace(g, choice=choices.get(g.group, g.choice)) for g in self.groups)
+        return replace(self, groups=groups)
+
+    def to_records(self, kind: str = "tensors") -> list[dict]:
+        """Rows for a DataFrame: ``"tensors"``, ``"groups"`` or ``"float"``."""
+        rows = {"tensors": self.tensors, "groups": self.groups, "float": self.float_nodes}
+        if kind not in rows:
+            raise ValueError(f"kind must be one of {sorted(rows)}, got {kind!r}")
+        return [asdict(r) for r in rows[kind]]
+
+    def record(self, producer: str, consumer: str | None = None) -> TensorRecord:
+        """The record of ``producer -> consumer`` (or ``producer``'s output); the edge may also
+        be given as one string, ``"x -> conv2d"``, as the plan prints it."""
+        if consumer is None and "->" in producer:
+            producer, _, consumer = (s.strip() for s in producer.partition("->"))
+        ref = TensorRef(producer, consumer)
+        for rec in self.tensors:
+            if rec.tensor == ref:
+                return rec
+        names = [str(t.tensor) for t in self]
+        raise ConfigError(
+            f"{ref} is not observed in this plan ({closest_names(str(ref), names)}); pass an "
+            f"observed tensor: a node name for its output or 'producer -> consumer' for an edge"
+        )
+
+    def __str__(self) -> str:
+        lines = [f"QuantPlan: {len(self.groups)} observer groups, {len(self.tensors)} tensors"]
+        records = {rec.tensor: rec for rec in self.tensors}
+        for g in self.groups:
+            chosen = f" [user choice: {g.choice}]" if g.choice else ""
+            lines.append(f"  group {g.group} ({g.observer}): {_describe_group(g)}{chosen}")
+            for ref in g.members:
+                rec = records[ref]
+                via = f" via {rec.via}" if rec.via and rec.how != "own spec" else ""
+                note = f" (not observed: {rec.unobserved})" if rec.unobserved else ""
+                lines.append(f"    {ref}  [{rec.how}{via}]{note}")
+        for path in self.loop_bodies:
+            lines.append(f"  loop body {path}: its own plan, model.get_submodule({path!r}).plan")
+        if self.float_nodes:
+            lines.append(f"  left in float: {len(self.float_nodes)}")
+            for f in self.float_nodes:
+                detail = f" ({f.detail})" if f.detail else ""
+                lines.append(f"    {f.node} ({f.op}): {f.reason}{detail}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantPlan(groups={len(self.groups)}, tensors={len(self.tensors)}, "
+            f"float_nodes={len(self.float_nodes)})"
+        )
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    """``value`` (records, tuples of them) with every TensorRef's node names mapped."""
+    if isinstance(value, TensorRef):
+        consumer = None if value.consumer is None else names.get(value.consumer, value.consumer)
+        return TensorRef(names.get(value.producer, value.producer), consumer)
+    if isinstance(value, tuple):
+        return tuple(_renamed(v, names) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _renamed(getattr(value, f.name), names) for f in fields(value)}
+        return replace(value, **changes)
+    return value
+
+
+def _range(s: SpecSummary) -> str:
+    if s.quant_min is None and s.quant_max is None:
+        return "(the observer's range)"
+    full = {"int32": (-(2**31), 2**31 - 1)}.get(s.dtype or "")
+    return "full range" if full == (s.quant_min, s.quant_max) else f"[{s.quant_min}, {s.quant_max}]"
+
+
+def _describe_group(g: GroupRecord) -> str:
+    """``observed int8 [-128, 127] per_tensor_affine HistogramObserver scale=0.0123 zp=-4``."""
+    s = g.spec
+    text = f"{s.kind} {s.dtype} {_range(s)} {s.qscheme or ''}".rstrip()
+    if s.kind == "observed" and s.observer:
+        text += f" {s.observer}" + (f"(method={s.method})" if s.method else "")
+    if s.kind == "derived":
+        text += " derived from " + ", ".join(str(r) for r in s.derived_from)
+    qparams = g.qparams or (QParams(s.scale, s.zero_point) if s.kind == "fixed" else None)
+    if qparams is not None:
+        if isinstance(qparams.scale, tuple):
+            scales = qparams.scale
+            text += f" scale={min(scales):.4g}..{max(scales):.4g} ({len(scales)} channels)"
+        else:
+            text += f" scale={qparams.scale:.4g} zp={qparams.zero_point}"
+    return text
+
+
+def _quantized_earlier(node: Node) -> bool:
+    """``node`` sits between the q/dq ops of an earlier convert (re-entrant quantization): it
+    reads a dequantize or feeds a quantize, so it is not left in float."""
+    return any(n.target in dequantize_ops() for n in node.all_input_nodes) or any(
+        n.target in quantize_ops() for n in node.users
+    )
+
+
+def _float_records(
+    gm: GraphModule, observed: set[str], unfolded_bn: dict[str, str]
+) -> tuple[FloatRecord, ...]:
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in QUANTIZABLE_OPS:
+            continue
+        if node.name in observed or node.meta.get(QAT_PART):
+            continue
+        op = getattr(node.target, "__name__", str(node.target))
+        if node.name in unfolded_bn:
+            out.append(
+                FloatRecord(
+                    node.name, op, FloatReason.BATCH_NORM_NOT_FOLDED, unfolded_bn[node.name]
+                )
+            )
+            continue
+        reason = node.meta.get("qviz_float_reason", FloatReason.UNANNOTATED.value)
+        if reason == FloatReason.UNANNOTATED.value and _quantized_earlier(node):
+            continue
+        detail = node.meta.get("qviz_float_detail", "")
+        out.append(FloatRecord(node.name, op, FloatReason(reason), detail))
+    return tuple(out)
+
+
+def build_plan(
+    gm: GraphModule,
+    sharing: Sharing,
+    specs: dict[EdgeOrNode, QuantizationSpecBase],
+    observer_names: dict[int, str],
+    unfolded_bn: dict[str, str],
+    unobserved: dict[EdgeOrNode, str] | None = None,
+) -> QuantPlan:
+    """Records of ``sharing`` on ``gm`` (pure: reads the graph, changes nothing).
+
+    ``unobserved`` gives the members that get no observer call, each with the reason.
+    """
+    unobserved = unobserved or {}
+    tensors = tuple(
+        TensorRecord(
+            tensor=TensorRef.of(key),
+            group=m.group,
+            how=str(m.how),
+            via=TensorRef.of(m.via) if m.via is not None else None,
+            spec=SpecSummary.of(specs[key]),
+            unobserved=unobserved.get(key, ""),
+        )
+        for key, m in sharing.members.items()
+    )
+    groups = tuple(
+        GroupRecord(
+            group=g,
+            observer=observer_names[g],
+            owner=TensorRef.of(sharing.owner[g]),
+            spec=SpecSummary.of(sharing.spec[g]),
+            members=tuple(TensorRef.of(k) for k in members),
+        )
+        for g, members in sharing.groups.items()
+    )
+    consumers = {k[1].name if isinstance(k, tuple) else k.name for k in sharing.members}
+    return QuantPlan(groups, tensors, _float_records(gm, consumers, unfolded_bn))

@@ -1,0 +1,178 @@
+"""fine_tune: continue training a calibrated quant_nn model through its fake quantization.
+
+The source document's "quantization aware training": after calibration, train on with the
+quantizers in the forward pass; gradients pass the rounding by the straight-through estimator
+(zero where a value was clipped). The quantization representation stays as calibrated
+(``freeze_amax=True``, the document's advice: "do not change quantization representation
+(scale) during training"). The schedule the document recommends, about 10 % of the original
+epochs starting at 1 % of the original learning rate with cosine annealing down to 1 % of
+that, is the default shape of this loop: give ``epochs`` and ``lr`` and the annealing follows.
+
+Example:
+    >>> import torch
+    >>> from qviz.engine import quant_nn
+    >>> from qviz.engine.tensor.calibrate_quantizers import calibrate_quantizers
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = torch.nn.Sequential(quant_nn.QuantLinear(4, 3))
+    >>> data = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(4)]
+    >>> _ = calibrate_quantizers(model, data, progress=False)
+    >>> history = fine_tune(model, data, epochs=2, lr=1e-3, progress=False)
+    >>> [r.epoch for r in history], history[0].lr
+    ([1, 2], 0.001)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from qviz.engine.tensor.calibrate_quantizers import batch_errors
+from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
+from qviz.errors import CalibrationError, ConfigError
+
+__all__ = ["EpochRecord", "FineTuneHistory", "fine_tune"]
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch of fine-tuning: its learning rate, mean training loss and (with evaluation
+    data) the top-1 accuracy and mean loss on that data after it."""
+
+    epoch: int
+    lr: float
+    loss: float
+    accuracy: float | None = None
+    eval_loss: float | None = None
+
+
+class FineTuneHistory(tuple):
+    """The :class:`EpochRecord` of each epoch; ``pandas.DataFrame(history)`` gives one row per
+    epoch."""
+
+    def __repr__(self) -> str:
+        lines = [f"{'epoch':>5} {'lr':>10} {'loss':>10} {'accuracy':>9} {'eval loss':>10}"]
+        for r in self:
+            acc = f"{r.accuracy:.4f}" if r.accuracy is not None else "-"
+            ev = f"{r.eval_loss:.5f}" if r.eval_loss is not None else "-"
+            lines.append(f"{r.epoch:>5} {r.lr:>10.3g} {r.loss:>10.5f} {acc:>9} {ev:>10}")
+        return "\n".join(lines)
+
+
+def _evaluate(model: nn.Module, data: Iterable, loss_fn) -> tuple[float, float]:
+    """Top-1 accuracy and the mean per-batch loss over ``data``, in eval mode."""
+    correct = total = batches = 0
+    loss = 0.0
+    model.eval()
+    with torch.no_grad():
+        for inputs, labels in data:
+            outputs = model(inputs)
+            correct += int((outputs.argmax(1) == labels).sum())
+            total += labels.numel()
+            loss += float(loss_fn(outputs, labels))
+            batches += 1
+    return correct / max(total, 1), loss / max(batches, 1)
+
+
+def _check_calibrated(model: nn.Module, freeze_amax: bool) -> list[TensorQuantizer]:
+    quantizers = {n: m for n, m in model.named_modules() if isinstance(m, TensorQuantizer)}
+    if not quantizers:
+        raise ConfigError(
+            f"fine_tune needs a model with TensorQuantizers (quant_nn layers); the "
+            f"{type(model).__name__} has none: swap them in with quant_modules.quantize_model"
+        )
+    dynamic = [n for n, m in quantizers.items() if "_weight_quantizer" not in n and not m._disabled
+               and m.amax is None]  # fmt: skip
+    if dynamic:
+        raise CalibrationError(
+            f"fine_tune keeps the calibrated amax, but these quantizers have none: "
+            f"{dynamic[:5]}{' ...' if len(dynamic) > 5 else ''}; run "
+            f"calibrate_quantizers(model, data) first"
+        )
+    weights = [m for n, m in quantizers.items() if "_weight_quantizer" in n]
+    return [] if freeze_amax else weights
+
+
+def _epoch(model, data, optimizer, loss_fn, index: int) -> float:
+    model.train()
+    total, batches = 0.0, 0
+    for step, (inputs, labels) in enumerate(data):
+        with batch_errors(f"fine_tune: epoch {index}, batch {step}", ConfigError):
+            optimizer.zero_grad()
+            loss = loss_fn(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+        total += float(loss.detach())
+        batches += 1
+    if batches == 0:
+        raise ConfigError("fine_tune got no batches: the training data is empty")
+    return total / batches
+
+
+def fine_tune(
+    model: nn.Module,
+    train_data: Iterable,
+    *,
+    epochs: int,
+    lr: float,
+    eta_min: float | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    weight_decay: float = 0.0,
+    freeze_amax: bool = True,
+    eval_data: Iterable | None = None,
+    progress: bool = True,
+) -> FineTuneHistory:
+    """Train a calibrated quant_nn ``model`` in place through its fake quantization.
+
+    Args:
+        model: a model with calibrated TensorQuantizers (:func:`calibrate_quantizers`).
+        train_data: ``(inputs, labels)`` batches; iterated once per epoch.
+        epochs: number of epochs (the document: about 10 % of the original training's).
+        lr: the starting learning rate (the document: 1 % of the original one).
+        eta_min: where cosine annealing ends; default ``lr / 100``.
+        loss_fn: ``loss_fn(outputs, labels)``; default cross-entropy.
+        optimizer: the optimizer class, built on ``model.parameters()``.
+        weight_decay: passed to the optimizer.
+        freeze_amax: keep every calibrated amax (True); False lets the weight quantizers
+            follow the weights (max of the current weights at every step), activations stay.
+        eval_data: ``(inputs, labels)`` batches to measure top-1 accuracy and the mean loss
+            after each epoch.
+        progress: show a progress bar over epochs.
+
+    Returns:
+        A :class:`FineTuneHistory`, one :class:`EpochRecord` per epoch. The model keeps its
+        training mode from before.
+
+    Raises:
+        CalibrationError: an enabled activation quantizer has no amax (calibrate first).
+        ConfigError: bad arguments, or a batch the model rejects (named by epoch and index).
+    """
+    from tqdm.auto import tqdm
+
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"epochs must be a positive int, got {epochs!r}")
+    if not (isinstance(lr, int | float) and lr > 0):
+        raise ConfigError(f"lr must be a positive number, got {lr!r}")
+    following = _check_calibrated(model, freeze_amax)
+    for tq in following:
+        tq.amax = None  # dynamic: the max of the weights as they are at each step
+    opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=epochs, eta_min=lr / 100 if eta_min is None else eta_min
+    )
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    was_training, records = model.training, []
+    try:
+        for epoch in tqdm(range(1, epochs + 1), desc="fine-tuning", disable=not progress):
+            rate = opt.param_groups[0]["lr"]
+            loss = _epoch(model, train_data, opt, loss_fn, epoch)
+            sched.step()
+            scores = _evaluate(model, eval_data, loss_fn) if eval_data is not None else (None,) * 2
+            records.append(EpochRecord(epoch, rate, loss, *scores))
+    finally:
+        model.train(was_training)
+    return FineTuneHistory(records)

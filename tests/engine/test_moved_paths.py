@@ -1,0 +1,111 @@
+"""The engine's modules moved into subpackages; what users wrote against the old paths still works.
+
+* Seed 004's public paths (``qviz.engine.tensor_quant``, ``quant_nn``, ``quant_modules``,
+  ``calib``) name the same module objects as their new homes, so classes are defined once.
+* Objects saved with ``torch.save`` by the tree before the move (``tests/fixtures``, written by
+  ``make_premove_models.py`` at that commit) load and compute what they computed then: a
+  calibrated quant_nn model pickled whole, a prepared model's observer and a QAT fake quantizer;
+  the prepared and QAT-prepared models' state_dicts load into freshly prepared models.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+
+import pytest
+import torch
+
+import qviz
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+FIXTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "premove_models.pt"
+
+
+@pytest.fixture(scope="module")
+def saved():
+    return torch.load(FIXTURE, weights_only=False)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("qviz.engine.tensor_quant", "qviz.engine.tensor.tensor_quant"),
+        ("qviz.engine.quant_nn", "qviz.engine.tensor.quant_nn"),
+        ("qviz.engine.quant_nn.conv", "qviz.engine.tensor.quant_nn.conv"),
+        ("qviz.engine.quant_modules", "qviz.engine.tensor.quant_modules"),
+        ("qviz.engine.calib", "qviz.engine.tensor.calib"),
+        ("qviz.engine.calib.max_calibrator", "qviz.engine.tensor.calib.max_calibrator"),
+        ("qviz.engine.tensor_quantizer", "qviz.engine.tensor.tensor_quantizer"),
+        ("qviz.engine.fake_quantize", "qviz.engine.observers.fake_quantize"),
+    ],
+)
+def test_an_old_path_is_the_same_module_as_its_new_home(old, new):
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_the_seed_tutorials_imports_work():
+    from qviz.engine import calib, quant_modules, quant_nn
+    from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
+    from qviz.engine.tensor_quant import QuantDescriptor, fake_tensor_quant, tensor_quant
+
+    assert quant_nn.TensorQuantizer is TensorQuantizer
+    assert callable(quant_modules.initialize) and callable(quant_modules.deactivate)
+    assert calib.MaxCalibrator.__module__ == "qviz.engine.tensor.calib.max_calibrator"
+    q, _ = tensor_quant(torch.tensor([0.5, -1.0]), torch.tensor(1.0))
+    assert q.tolist() == [64.0, -127.0]
+    assert fake_tensor_quant(torch.tensor([1.0]), 1.0).item() == 1.0
+    assert QuantDescriptor(num_bits=4).num_bits == 4
+
+
+def test_a_quant_nn_model_saved_before_the_move_loads_and_computes_the_same(saved):
+    from qviz.engine.tensor import quant_nn
+
+    model = saved["quant_nn_model"]
+    assert isinstance(model[0], quant_nn.QuantConv2d)
+    assert isinstance(model[3], quant_nn.QuantLinear)
+    assert torch.equal(model(saved["x"]), saved["quant_nn_out"])
+
+
+def test_an_observer_and_a_fake_quantizer_saved_before_the_move_load(saved):
+    from qviz.engine.observers.fake_quantize import FusedMovingAvgObsFakeQuantize
+
+    scale, zero_point = saved["observer"].calculate_qparams()
+    assert torch.equal(scale, saved["observer_qparams"][0])
+    assert torch.equal(zero_point, saved["observer_qparams"][1])
+    fake_quant = saved["fake_quant"]
+    assert isinstance(fake_quant, FusedMovingAvgObsFakeQuantize)
+    fake_quant.disable_observer()
+    assert torch.equal(fake_quant(saved["x"]), saved["fake_quant_out"])
+
+
+def _float_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 5),
+    )
+
+
+def test_prepared_and_qat_state_dicts_saved_before_the_move_load(saved):
+    x = saved["x"]
+    prepared = qviz.prepare_pt2e(
+        qviz.export(_float_model().eval(), (x,)),
+        XNNPACKQuantizer().set_global(get_symmetric_quantization_config()),
+    )
+    prepared.load_state_dict(saved["prepared_state"])
+    assert torch.equal(prepared(x), saved["prepared_out"])
+    assert qviz.convert_pt2e(prepared)(x).shape == saved["prepared_out"].shape
+
+    qat = qviz.prepare_qat_pt2e(
+        qviz.export(_float_model().train(), (x,)),
+        XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_qat=True)),
+    )
+    qat.load_state_dict(saved["qat_state"])  # strict: the same names and shapes
+    state = qat.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved["qat_state"].items())
+    converted = qviz.convert_pt2e(qviz.move_exported_model_to_eval(qat))
+    assert converted(x).shape == saved["qat_out"].shape

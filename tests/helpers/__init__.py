@@ -1,0 +1,1 @@
+"""Models, quantizers and backends that more than one test module uses."""
