@@ -340,21 +340,31 @@ def test_iii_a_module_called_twice_gets_a_row_per_call():
     )  # two values, not one
 
 
-def test_iv_fx_numeric_suite_fails_on_resnet18_qviz_compares_every_quantized_op():
+@pytest.mark.xfail(
+    strict=True,
+    raises=KeyError,
+    reason="torch.ao.ns._numeric_suite_fx (torch 2.14.1, 2.15.0): add_loggers raises KeyError "
+    "'layer1_0_conv1_1' on stock resnet18 (in-place ReLUs, one ReLU module called twice per "
+    "block); this passes (and strict xfail fails) once upstream fixes it",
+)
+def test_iv_fx_numeric_suite_adds_loggers_on_stock_resnet18():
     from torch.ao.ns import _numeric_suite_fx as ns
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-    model = _resnet18()  # stock: in-place ReLUs, one ReLU module called twice per block
+    model = _resnet18()
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization deprecation notices
         prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (x,))
         prepared(x)
         converted = convert_fx(copy.deepcopy(prepared))
-        with pytest.raises(KeyError, match="layer1_0_conv1_1"):
-            ns.add_loggers("fp32", prepared, "int8", converted, ns.OutputLogger)
+        ns.add_loggers("fp32", prepared, "int8", converted, ns.OutputLogger)
 
+
+def test_iv_qviz_compares_every_quantized_op_of_stock_resnet18():
+    model = _resnet18()  # stock: in-place ReLUs, one ReLU module called twice per block
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     _, quantized, report = _qviz_flow(model, [x])
     df = report.df
     assert len(df) == 49 and set(df["node"]) == _quantized_ops(quantized)

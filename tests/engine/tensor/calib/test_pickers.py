@@ -127,17 +127,24 @@ def test_mse_agrees_with_nvidia(kind, num_bits):
     assert abs(ours - ref) <= 2 * float(edges[1] - edges[0])
 
 
-def test_modelopt_mse_search_is_broken_and_qviz_is_not():
-    """modelopt 0.47's _compute_amax_mse calls fake_tensor_quant(centers, amax, num_bits,
-    unsigned), but that function's third parameter is now ``bias``: it quantizes
-    ``centers - 8``. On uniform data, where the optimum is the max, it picks far too small a
-    range; qviz picks the max."""
+def test_qviz_mse_search_picks_the_max_on_uniform_data():
+    """On uniform data the MSE optimum is the max: qviz's search finds it (the reference's
+    search is broken in the installed release, see the next test)."""
+    calib = _calibrated(_samples("uniform", n=50_000))
+    assert float(calib.compute_amax("mse")) > 0.98 * float(calib.compute_amax("max"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nvidia-modelopt 0.47: _compute_amax_mse calls fake_tensor_quant(centers, amax, "
+    "num_bits, unsigned), whose third parameter is now `bias`, so it quantizes centers - 8 and "
+    "picks far too small a range; this passes (and strict xfail fails) once upstream fixes it",
+)
+def test_modelopt_mse_search_picks_the_max_on_uniform_data():
     calib = _calibrated(_samples("uniform", n=50_000))
     counts, edges = calib.histogram()
-    broken = float(ref_hist._compute_amax_mse(counts.numpy(), edges.numpy(), 8, False, 1, 128))
-    amax_max = float(calib.compute_amax("max"))
-    assert broken < 0.5 * amax_max
-    assert float(calib.compute_amax("mse")) > 0.98 * amax_max
+    ref = float(ref_hist._compute_amax_mse(counts.numpy(), edges.numpy(), 8, False, 1, 128))
+    assert ref > 0.98 * float(calib.compute_amax("max"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
