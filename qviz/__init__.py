@@ -4,14 +4,23 @@ The engine (``qviz.engine``) quantizes and records its decisions as plain data; 
 (``qviz.numeric``) measures what quantization did. ``qviz.data`` holds the embedded default: a
 small CNN trained on scikit-learn's handwritten digits.
 
+``qviz.numeric``, ``qviz.viz`` and ``qviz.widgets`` load on first attribute access, so
+``import qviz`` stays light (no pandas, matplotlib, graphviz or ipywidgets) and
+``qviz.viz.graph(...)`` works after it.
+
 Example:
     >>> import torch, qviz
-    >>> from qviz.engine.tensor.tensor_quant import fake_tensor_quant
+    >>> from qviz.engine.tensor_quant import fake_tensor_quant
     >>> fake_tensor_quant(torch.tensor([0.1, 1.0]), 1.0)
     tensor([0.1024, 1.0000])
     >>> issubclass(qviz.QvizError, Exception)
     True
+    >>> qviz.numeric.sqnr(torch.ones(2), torch.ones(2))
+    inf
 """
+
+import importlib
+from typing import Any
 
 from qviz.engine.graph.capture import export
 from qviz.engine.graph.train_eval import (
@@ -31,6 +40,9 @@ from qviz.errors import (
     AnnotationError,
     CalibrationError,
     ConfigError,
+    ExportedModeError,
+    MissingDependencyError,
+    OnnxExportError,
     QuantizationError,
     QvizError,
 )
@@ -41,6 +53,9 @@ __all__ = [
     "AnnotationError",
     "CalibrationError",
     "ConfigError",
+    "ExportedModeError",
+    "MissingDependencyError",
+    "OnnxExportError",
     "QuantizationError",
     "QvizError",
     "__version__",
@@ -58,3 +73,16 @@ __all__ = [
     "prepare_qat_pt2e",
     "update_bn_stats",
 ]
+
+#: Subpackages loaded on first access (``qviz.viz`` imports graphviz and matplotlib).
+_LAZY = ("data", "engine", "numeric", "viz", "widgets")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return importlib.import_module(f"qviz.{name}")
+    raise AttributeError(f"module 'qviz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

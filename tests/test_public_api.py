@@ -81,3 +81,97 @@ def test_dependencies_point_one_way(layer):
             assert not name.startswith(tuple(above)), f"{path} imports {name}"
             if layer == "qviz.engine":
                 assert name.split(".")[0] not in OPTIONAL, f"{path} imports {name}"
+
+
+def test_subpackages_load_on_first_attribute_access_after_a_plain_import():
+    code = (
+        "import sys, qviz\n"
+        "heavy = ('pandas', 'matplotlib', 'graphviz', 'ipywidgets')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "print(qviz.numeric.compare.__module__, qviz.viz.graph.__module__)\n"
+        "print(qviz.widgets.AnnotationEditor.__name__, 'viz' in dir(qviz))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:3] == [
+        "[]",
+        "qviz.numeric.compare qviz.viz.graphs",
+        "AnnotationEditor True",
+    ]
+    with pytest.raises(AttributeError, match="no attribute 'vizz'"):
+        _ = qviz.vizz
+
+
+def test_every_error_class_is_exported_from_qviz():
+    import qviz.errors
+
+    classes = {
+        name
+        for name, obj in vars(qviz.errors).items()
+        if inspect.isclass(obj) and issubclass(obj, qviz.errors.QvizError)
+    }
+    assert classes <= set(qviz.__all__)
+    assert all(getattr(qviz, name) is getattr(qviz.errors, name) for name in classes)
+
+
+def test_a_tutorial_quantizer_ports_with_one_import_line():
+    """torchao's quantizer package re-exports the specs beside Quantizer; so does qviz's."""
+    from qviz.engine import quantizers, specs
+
+    for name in (
+        "QuantizationSpec",
+        "SharedQuantizationSpec",
+        "FixedQParamsQuantizationSpec",
+        "DerivedQuantizationSpec",
+        "QuantizationAnnotation",
+        "QuantizationConfig",
+    ):
+        assert getattr(quantizers, name) is getattr(specs, name)
+        assert name in quantizers.__all__
+
+
+#: Inside the engine, a subpackage imports only those before it: graph <- pt2e.passes <- pt2e.
+ENGINE_ORDER = ["qviz.engine.graph", "qviz.engine.pt2e.passes", "qviz.engine.pt2e"]
+
+
+def _all_imports(path) -> set[str]:
+    """Every module a file imports, at module level or inside functions, relative ones resolved."""
+    import ast
+    from pathlib import Path
+
+    root = Path(qviz.__file__).parent.parent
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    package = parts[:-1]  # a module's package; for __init__.py, the package itself
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("layer", ENGINE_ORDER)
+def test_engine_subpackages_point_one_way(layer):
+    """graph never imports the passes or the flow; the passes never import the flow."""
+    from pathlib import Path
+
+    root = Path(qviz.__file__).parent.parent
+    above = ENGINE_ORDER[ENGINE_ORDER.index(layer) + 1 :]
+    folder = root.joinpath(*layer.split("."))
+    files = sorted(folder.rglob("*.py"))
+    if layer == "qviz.engine.pt2e":
+        return  # the top of the chain: nothing above it
+    assert files
+    for path in files:
+        if layer == "qviz.engine.graph" or "passes" in path.parts:
+            for name in _all_imports(path):
+                for upper in above:
+                    hit = name == upper or name.startswith(upper + ".")
+                    if upper == "qviz.engine.pt2e":  # its passes are below it, not above
+                        hit = hit and not name.startswith("qviz.engine.pt2e.passes")
+                    assert not hit, f"{path.relative_to(root)} imports {name}"

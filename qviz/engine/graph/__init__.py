@@ -6,4 +6,10 @@ handles, get_attr values, graph mutation, control flow, train / eval switching o
 the quantize / dequantize operator sets and the per-node values handed to other tools.
 
 Nothing here imports :mod:`qviz.engine.pt2e`: the passes and the flow build on these facts.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.graph.stage import model_stage
+    >>> model_stage(qviz.export(torch.nn.ReLU(), (torch.randn(2),))).value
+    'float'
 """

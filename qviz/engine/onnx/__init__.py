@@ -2,4 +2,9 @@
 
 :func:`~qviz.engine.onnx.export.export_onnx` (re-exported as ``qviz.export_onnx``) writes a
 converted PT2E graph or a quant_nn model as QuantizeLinear / DequantizeLinear pairs.
+
+Example:
+    >>> import qviz
+    >>> qviz.export_onnx.__module__
+    'qviz.engine.onnx.export'
 """

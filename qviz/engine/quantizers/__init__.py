@@ -3,6 +3,12 @@
 * :class:`Quantizer`: the contract (annotate, validate, optional transform and callback).
 * :class:`ComposableQuantizer`: several quantizers on one graph, each claiming its own nodes.
 * :class:`XNNPACKQuantizer` with :func:`get_symmetric_quantization_config`: int8 for XNNPACK.
+* :class:`FallbackQuantizer` and :class:`OverrideQuantizer`: keep nodes in float, or override
+  what another quantizer decided, node by node.
+
+The specs a quantizer writes (:class:`QuantizationSpec`, :class:`SharedQuantizationSpec`, ...)
+are re-exported here, as torchao's quantizer package does, so a tutorial's quantizer ports by
+changing one import line.
 
 Example:
     >>> import torch
@@ -19,12 +25,28 @@ from qviz.engine.quantizers.config import get_symmetric_quantization_config
 from qviz.engine.quantizers.fallback import FallbackQuantizer
 from qviz.engine.quantizers.override import OverrideQuantizer
 from qviz.engine.quantizers.xnnpack import XNNPACKQuantizer
+from qviz.engine.specs import (
+    DerivedQuantizationSpec,
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationConfig,
+    QuantizationSpec,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+)
 
 __all__ = [
     "ComposableQuantizer",
+    "DerivedQuantizationSpec",
     "FallbackQuantizer",
+    "FixedQParamsQuantizationSpec",
     "OverrideQuantizer",
+    "QuantizationAnnotation",
+    "QuantizationConfig",
+    "QuantizationSpec",
+    "QuantizationSpecBase",
     "Quantizer",
+    "SharedQuantizationSpec",
     "XNNPACKQuantizer",
     "get_symmetric_quantization_config",
 ]

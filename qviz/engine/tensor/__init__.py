@@ -9,4 +9,10 @@ holds the quantized drop-in layers, :mod:`~qviz.engine.tensor.quant_modules` swa
 
 A ported tutorial keeps its imports: ``from qviz.engine import quant_nn, quant_modules, calib``
 and ``from qviz.engine.tensor_quant import QuantDescriptor`` name these same modules.
+
+Example:
+    >>> import torch
+    >>> from qviz.engine.tensor.tensor_quant import fake_tensor_quant
+    >>> fake_tensor_quant(torch.tensor([0.5, 1.0]), 1.0)
+    tensor([0.5039, 1.0000])
 """
