@@ -1,12 +1,12 @@
 """Records to a graphviz Digraph: HTML-table boxes, group colours, module clusters, a legend.
 
-Pure: the same :class:`~qviz.viz.stages.GraphView` always gives the same DOT text. Boxes are
+Pure: the same :class:`~qviz.viz.graph_records.GraphView` always gives the same DOT text. Boxes are
 ``shape=plaintext`` with an HTML table (``shape=record`` inside clusters makes dot 2.43 fail
 with "lost edge"). An observer marker takes its sharing group's colour, so the tensors that
 share one observer read as one colour at a glance.
 
 Example:
-    >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+    >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
     >>> view = GraphView("observed", (ViewNode("a", "input", "input a"),
     ...     ViewNode("obs/a", "marker", "g0", group=0), ViewNode("b", "op", "relu", "relu")),
     ...     (ViewEdge("a", "obs/a"), ViewEdge("obs/a", "b")))
@@ -22,8 +22,8 @@ from collections.abc import Collection
 from typing import Any
 
 from qviz.errors import MissingDependencyError
+from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
 from qviz.viz.hierarchy import cluster_paths
-from qviz.viz.stages import GraphView, ViewEdge, ViewNode
 
 __all__ = ["HEAT", "PALETTE", "group_colour", "heat_colour", "to_digraph"]
 

@@ -28,9 +28,10 @@ from torch.fx import GraphModule
 
 from qviz.errors import ConfigError, MissingDependencyError
 from qviz.viz.dot import to_digraph
+from qviz.viz.graph_records import GraphView
 from qviz.viz.hierarchy import collapse as collapse_view
 from qviz.viz.long_edges import fold_long_edges
-from qviz.viz.stages import GraphView, read_graph
+from qviz.viz.read_graph import read_graph
 
 __all__ = ["QGraph", "graph"]
 
@@ -41,7 +42,7 @@ class QGraph:
     """A drawn graph that renders itself in Jupyter; ``.dot`` is its DOT text.
 
     Attributes:
-        view: the records drawn (:class:`~qviz.viz.stages.GraphView`).
+        view: the records drawn (:class:`~qviz.viz.graph_records.GraphView`).
         digraph: the ``graphviz.Digraph``.
 
     Example:

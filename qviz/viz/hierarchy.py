@@ -7,7 +7,7 @@ A collapsed box carries the lowest (worst) metric value of its members, and says
 ops were left in float.
 
 Example:
-    >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+    >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
     >>> view = GraphView("float", (
     ...     ViewNode("a", "op", "conv2d", module="block.conv"),
     ...     ViewNode("b", "op", "relu", module="block.relu"),
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from qviz.errors import ConfigError, closest_names
-from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
 
 __all__ = ["cluster_paths", "collapse", "collapsed_path"]
 
@@ -95,7 +95,7 @@ def collapse(
     """``view`` with every module at depth ``collapse_`` (or named in it) merged into one box.
 
     Args:
-        view: the records of :func:`qviz.viz.stages.read_graph`.
+        view: the records of :func:`qviz.viz.read_graph.read_graph`.
         collapse_: a depth (``2`` keeps ``layer1.0`` and merges ``layer1.0.conv1`` into it),
             module paths (``["layer1"]``), or None to keep everything.
         modules: module paths of the model that may have no drawn node (a BatchNorm folded

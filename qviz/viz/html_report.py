@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 
 __all__ = ["report"]
@@ -104,7 +105,7 @@ def report(
     plan = _plan_of(model)
     out = _check_path(path)
     frame = _frame_of(ns) if ns is not None else None
-    from qviz.viz.stages import stage_of
+    from qviz.viz.read_graph import stage_of
 
     stage = stage_of(model)
     heading = "qviz report" if title is None else str(title)
@@ -123,8 +124,8 @@ def report(
 
 
 def _plan_of(model: Any) -> Any:
-    plan = getattr(model, "plan", None)
-    if plan is None or not hasattr(plan, "groups") or not hasattr(model, "graph"):
+    plan = plan_of(model)
+    if plan is None:
         raise ConfigError(
             f"report() reads the QuantPlan of a quantized model, got {type(model).__name__} "
             f"without .plan: pass a model from qviz.prepare_pt2e (after qviz.calibrate) or "

@@ -15,7 +15,7 @@ Ranks are estimated by longest path from the inputs, as dot's first ranking does
 shortens edges, so the estimate is an upper bound of dot's virtual node count.
 
 Example:
-    >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+    >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
     >>> chain = [ViewNode(f"n{i}", "op", "relu") for i in range(8)]
     >>> edges = [ViewEdge(f"n{i}", f"n{i + 1}") for i in range(7)] + [ViewEdge("n0", "n7")]
     >>> view = GraphView("float", tuple(chain), tuple(edges))
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
 
 __all__ = ["LAYOUT_BUDGET", "MIN_SPAN", "fold_long_edges", "ranks", "virtual_nodes"]
 
@@ -60,7 +60,7 @@ def ranks(view: GraphView) -> dict[str, int]:
     are none in an exported graph) keep the rank reached so far.
 
     Example:
-        >>> from qviz.viz.stages import GraphView, ViewEdge, ViewNode
+        >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
         >>> v = GraphView("float", tuple(ViewNode(x, "op", x) for x in "abcw"),
         ...     (ViewEdge("a", "b"), ViewEdge("b", "c"), ViewEdge("a", "c"), ViewEdge("w", "c")))
         >>> ranks(v)

@@ -25,10 +25,7 @@ from __future__ import annotations
 from torch.fx import GraphModule, Node
 
 from qviz.engine.tensor.records import QuantizerRecord, quantizer_records, short_values
-from qviz.viz.stages import GraphView, ViewEdge, ViewNode
-from qviz.viz.stages import _base_node as base_node
-from qviz.viz.stages import _graph_edges as graph_edges
-from qviz.viz.stages import _hidden as hidden
+from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode, base_node, graph_edges, hidden
 
 __all__ = ["STAGE", "marker_label", "marker_name", "quantizer_view"]
 

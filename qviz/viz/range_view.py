@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 
 __all__ = ["ranges"]
@@ -59,8 +60,8 @@ def ranges(prepared: Any, *, outlier: float = 4.0, max_members: int = 2) -> Any:
         ConfigError: ``prepared`` has no ``.plan`` (not from ``qviz.prepare_pt2e``).
         CalibrationError: an observer saw no data.
     """
-    plan = getattr(prepared, "plan", None)
-    if plan is None or not hasattr(plan, "groups"):
+    plan = plan_of(prepared)
+    if plan is None:
         raise ConfigError(
             f"ranges() reads the QuantPlan of a prepared model, got {type(prepared).__name__} "
             f"without .plan: pass the model returned by qviz.prepare_pt2e (after qviz.calibrate)"

@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import pairwise
 
 from torch.fx import GraphModule, Node
@@ -35,14 +35,25 @@ from qviz.engine.pt2e.plan import (
     SpecSummary,
     TensorRecord,
     TensorRef,
+    plan_of,
 )
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
 from qviz.engine.tensor.records import is_quantizer_node
+from qviz.viz.graph_records import (
+    GraphView,
+    ViewEdge,
+    ViewNode,
+    base_node,
+    graph_edges,
+    hidden,
+    module_of,
+    module_types,
+    op_name,
+    source_of,
+)
+from qviz.viz.quantizer_view import quantizer_view
 
 __all__ = [
-    "GraphView",
-    "ViewEdge",
-    "ViewNode",
     "annotated_view",
     "describe_group",
     "read_graph",
@@ -51,64 +62,6 @@ __all__ = [
 ]
 
 _Q_NAMESPACE = "quantized_decomposed"
-
-
-@dataclass(frozen=True)
-class ViewNode:
-    """One box to draw.
-
-    ``kind`` is one of ``input``, ``output``, ``param``, ``op``, ``float`` (an op the plan left
-    in float), ``marker`` (an observer on an edge), ``quantize``, ``dequantize``, ``collapsed``,
-    ``ref`` (the names of a node's inputs whose edges are too long to draw, see
-    :mod:`qviz.viz.long_edges`).
-    ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
-    ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``).
-    """
-
-    name: str
-    kind: str
-    label: str
-    detail: str = ""
-    module: str = ""
-    group: int | None = None
-    tooltip: str = ""
-    refs: tuple[str, ...] = ()
-    count: int = 1
-    value: float | None = None
-
-
-@dataclass(frozen=True)
-class ViewEdge:
-    """An arrow from ``src`` to ``dst`` (names of :class:`ViewNode`).
-
-    ``label`` is short text on the arrow (an annotated input spec), ``tooltip`` its full text,
-    ``style`` ``""``, ``"float"`` (an input the annotation leaves unquantized: grey, dashed) or
-    ``"ref"`` (from a reference box to the node whose long inputs it names: grey, dotted).
-    """
-
-    src: str
-    dst: str
-    label: str = ""
-    tooltip: str = ""
-    style: str = ""
-
-
-@dataclass(frozen=True)
-class GraphView:
-    """What to draw: the stage, the boxes, the arrows, and the type of each module path.
-
-    ``metric`` names the values carried by :attr:`ViewNode.value` (``""`` when there are none);
-    ``metric_span`` fixes the colour scale (None: the values' min..max) and
-    ``higher_is_better`` says which end is green.
-    """
-
-    stage: str
-    nodes: tuple[ViewNode, ...]
-    edges: tuple[ViewEdge, ...]
-    module_types: tuple[tuple[str, str], ...] = ()
-    metric: str = ""
-    metric_span: tuple[float, float] | None = None
-    higher_is_better: bool = True
 
 
 def stage_of(model: GraphModule) -> str:
@@ -120,8 +73,8 @@ def stage_of(model: GraphModule) -> str:
     ``"quant_nn"``: no plan, and some nodes are a TensorQuantizer's arithmetic (exported from a
     model of quant_nn layers).
     """
-    plan = getattr(model, "plan", None)
-    observers = {g.observer for g in plan.groups} if isinstance(plan, QuantPlan) else set()
+    plan = plan_of(model)
+    observers = {g.observer for g in plan.groups} if plan is not None else set()
     for node in model.graph.nodes:
         if node.op == "call_module" and str(node.target) in observers:
             return "observed"
@@ -173,48 +126,6 @@ def _is_qdq(node: Node) -> bool:
     )
 
 
-def _op_name(node: Node) -> str:
-    name = getattr(node.target, "__name__", str(node.target))
-    return name.split(".")[0] if node.op == "call_function" else name
-
-
-def _module_of(node: Node) -> tuple[str, dict[str, str]]:
-    """The innermost module path of ``node`` and the type of each path on its stack."""
-    stack = node.meta.get("nn_module_stack") or {}
-    types = {}
-    path = ""
-    for value in stack.values():
-        if isinstance(value, tuple) and len(value) == 2:
-            path = str(value[0])
-            types[path] = str(value[1]).rsplit(".", 1)[-1]
-    return path, types
-
-
-def _hidden(node: Node, show_params: bool, observers: set[str]) -> bool:
-    if node.op == "call_module":
-        return str(node.target) in observers or str(node.target).startswith("_guards")
-    return node.op == "get_attr" and not show_params
-
-
-def _base_node(node: Node, kind: str, tooltip: str = "") -> ViewNode:
-    module, _ = _module_of(node)
-    if node.op == "placeholder":
-        return ViewNode(node.name, "input", f"input {node.name}")
-    if node.op == "output":
-        return ViewNode(node.name, "output", "output")
-    if node.op == "get_attr":
-        return ViewNode(node.name, "param", str(node.target), tooltip=tooltip, module=module)
-    label = _op_name(node)
-    detail = node.name if node.name != label else ""
-    return ViewNode(node.name, kind, label, detail, module, tooltip=tooltip)
-
-
-def _source(node: Node, observers: set[str]) -> Node:
-    while node.op == "call_module" and str(node.target) in observers and node.args:
-        node = node.args[0]
-    return node
-
-
 def _call_text(node: Node, observers: set[str]) -> str:
     """``conv2d = conv2d(relu, block_conv1_weight, ...)``: inputs named past their observers
     (an observer call node's fx name is not the observer module's name, so it would mislead)."""
@@ -223,7 +134,7 @@ def _call_text(node: Node, observers: set[str]) -> str:
 
     def name(arg: object) -> str:
         if isinstance(arg, Node):
-            return _source(arg, observers).name
+            return source_of(arg, observers).name
         if isinstance(arg, list | tuple):
             return "[" + ", ".join(name(a) for a in arg) + "]"
         return repr(arg)
@@ -231,23 +142,6 @@ def _call_text(node: Node, observers: set[str]) -> str:
     args = ", ".join(name(a) for a in node.args)
     op = getattr(node.target, "__name__", str(node.target))
     return f"{node.name} = {op}({args})"
-
-
-def _types(gm: GraphModule) -> tuple[tuple[str, str], ...]:
-    types: dict[str, str] = {}
-    for node in gm.graph.nodes:
-        types.update(_module_of(node)[1])
-    return tuple(sorted(types.items()))
-
-
-def _graph_edges(gm: GraphModule, visible: set[str], observers: set[str]) -> list[tuple[str, str]]:
-    edges: dict[tuple[str, str], None] = {}
-    for node in gm.graph.nodes:
-        if node.name not in visible:
-            continue
-        for arg in node.all_input_nodes:
-            edges[(_source(arg, observers).name, node.name)] = None
-    return list(edges)
 
 
 def _marker(
@@ -275,14 +169,14 @@ def _observed(gm: GraphModule, plan: QuantPlan, show_params: bool) -> GraphView:
     floats = {f.node: f for f in plan.float_nodes}
     nodes: dict[str, ViewNode] = {}
     for node in gm.graph.nodes:
-        if _hidden(node, show_params, observers):
+        if hidden(node, show_params, observers):
             continue
         f = floats.get(node.name)
         tip = f"left in float: {f.reason}" + (f" ({f.detail})" if f.detail else "") if f else ""
         text = tip or _call_text(node, observers)
-        nodes[node.name] = _base_node(node, "float" if f else "op", text)
+        nodes[node.name] = base_node(node, "float" if f else "op", text)
     calls = {n.name for n in gm.graph.nodes if n.op == "call_module" and n.target in observers}
-    edges = _graph_edges(gm, {n.name for n in gm.graph.nodes} - calls, observers)
+    edges = graph_edges(gm, {n.name for n in gm.graph.nodes} - calls, observers)
     return _place_markers(plan, nodes, edges)
 
 
@@ -347,7 +241,7 @@ def _qdq_group(node: Node, plan: QuantPlan | None) -> GroupRecord | None:
 
 def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     group = _qdq_group(node, plan)
-    op = _op_name(node)
+    op = op_name(node)
     kind = "quantize" if op.startswith(("quantize", "choose_qparams")) else "dequantize"
     label = op.replace("_per_tensor", "").replace("_per_channel", " per-channel")
     label = label.replace("_affine", " affine").replace("convert_element_type", "round trip")
@@ -364,7 +258,7 @@ def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     # no module of its own: sit with the op it feeds (dequantize) or reads (quantize)
     users = list(node.users)
     near = users[0] if kind == "dequantize" and len(users) == 1 else src
-    module = _module_of(near)[0] if isinstance(near, Node) else ""
+    module = module_of(near)[0] if isinstance(near, Node) else ""
     return ViewNode(node.name, kind, label, detail, module, group.group if group else None, tooltip)
 
 
@@ -372,27 +266,27 @@ def _converted(gm: GraphModule, plan: QuantPlan | None, show_params: bool) -> Gr
     floats = {f.node: f for f in plan.float_nodes} if plan is not None else {}
     nodes: dict[str, ViewNode] = {}
     for node in gm.graph.nodes:
-        if _hidden(node, show_params, set()):
+        if hidden(node, show_params, set()):
             continue
         if node.op == "call_function" and _is_qdq(node):
             nodes[node.name] = _qdq_node(gm, node, plan)
             continue
         f = floats.get(node.name)
         tip = f"left in float: {f.reason}" + (f" ({f.detail})" if f.detail else "") if f else ""
-        nodes[node.name] = _base_node(node, "float" if f else "op", tip or node.format_node())
+        nodes[node.name] = base_node(node, "float" if f else "op", tip or node.format_node())
     edges = [
-        ViewEdge(p, c) for p, c in _graph_edges(gm, set(nodes), set()) if p in nodes and c in nodes
+        ViewEdge(p, c) for p, c in graph_edges(gm, set(nodes), set()) if p in nodes and c in nodes
     ]
     return GraphView("converted", tuple(nodes.values()), tuple(edges))
 
 
 def _float(gm: GraphModule, show_params: bool) -> GraphView:
     nodes = {
-        n.name: _base_node(n, "op", n.format_node())
+        n.name: base_node(n, "op", n.format_node())
         for n in gm.graph.nodes
-        if not _hidden(n, show_params, set())
+        if not hidden(n, show_params, set())
     }
-    edges = [ViewEdge(p, c) for p, c in _graph_edges(gm, set(nodes), set()) if p in nodes]
+    edges = [ViewEdge(p, c) for p, c in graph_edges(gm, set(nodes), set()) if p in nodes]
     return GraphView("float", tuple(nodes.values()), tuple(edges))
 
 
@@ -446,12 +340,12 @@ def _annotated_node(node: Node, ann: QuantizationAnnotation | None) -> ViewNode:
         tip = "not annotated: stays float" if quantizable else node.format_node()
         if "batch_norm" in str(node.target):
             tip += " (prepare_pt2e folds BatchNorm into the conv before it)"
-        return _base_node(node, "float" if quantizable else "op", tip)
+        return base_node(node, "float" if quantizable else "op", tip)
     lines = [node.format_node()]
     for arg, spec in ann.input_qspec_map.items():
         full = spec_text(SpecSummary.of(spec))[1] if spec is not None else "float (None)"
         lines.append(f"input {arg.name}: {full}")
-    base = _base_node(node, "op")
+    base = base_node(node, "op")
     detail = [base.detail] if base.detail else []
     if ann.output_qspec is not None:
         short, full = spec_text(SpecSummary.of(ann.output_qspec))
@@ -487,15 +381,15 @@ def annotated_view(model: GraphModule, show_params: bool = False) -> GraphView:
     nodes: dict[str, ViewNode] = {}
     edges: list[ViewEdge] = []
     for node in model.graph.nodes:
-        if _hidden(node, show_params, set()):
+        if hidden(node, show_params, set()):
             continue
         ann = anns.get(node.name)
         nodes[node.name] = _annotated_node(node, ann)
         for arg in node.all_input_nodes:
-            if _hidden(arg, show_params, set()):
+            if hidden(arg, show_params, set()):
                 if ann is None or arg not in ann.input_qspec_map:
                     continue
-                param = _base_node(arg, "param", arg.format_node())
+                param = base_node(arg, "param", arg.format_node())
                 nodes.setdefault(arg.name, replace(param, module=nodes[node.name].module))
             if arg.name in nodes:
                 edges.append(_annotated_edge(arg, node, ann))
@@ -507,8 +401,7 @@ def annotated_view(model: GraphModule, show_params: bool = False) -> GraphView:
 def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
     """The drawable records of ``model`` at its stage (see :func:`stage_of`)."""
     stage = stage_of(model)
-    plan = getattr(model, "plan", None)
-    plan = plan if isinstance(plan, QuantPlan) else None
+    plan = plan_of(model)
     if stage == "observed" and plan is not None:
         view = _observed(model, plan, show_params)
     elif stage == "annotated":
@@ -516,9 +409,7 @@ def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
     elif stage == "converted":
         view = _converted(model, plan, show_params)
     elif stage == "quant_nn":
-        from qviz.viz.quantizer_view import quantizer_view  # it builds on this module
-
         view = quantizer_view(model, show_params=show_params)
     else:
         view = _float(model, show_params)
-    return GraphView(view.stage, view.nodes, view.edges, _types(model))
+    return GraphView(view.stage, view.nodes, view.edges, module_types(model))

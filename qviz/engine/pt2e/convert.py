@@ -47,7 +47,7 @@ from qviz.engine.pt2e.passes.duplicate_dq import duplicate_dequantize
 from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
 from qviz.engine.pt2e.passes.port_metadata import port_metadata
 from qviz.engine.pt2e.passes.qat_conv_bn import fold_qat_conv_bn
-from qviz.engine.pt2e.plan import QParams, QuantPlan
+from qviz.engine.pt2e.plan import QParams, QuantPlan, plan_of, set_plan
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["convert_pt2e", "is_observer"]
@@ -131,12 +131,13 @@ def convert_pt2e(
     """
     if not isinstance(model, GraphModule):
         raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
-    # GraphModule's deepcopy keeps the graph and state, not .plan
+    # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
     gm = rebind_annotations(copy.deepcopy(model))
     renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
-    plan = getattr(model, "plan", None)
+    plan = plan_of(gm)
     if renamed and plan is not None:
         plan = plan.renamed(renamed)
+        set_plan(gm, plan)
     bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
     nodes = [
         n
@@ -144,7 +145,6 @@ def convert_pt2e(
         if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
     ]
     if not nodes:
-        gm.plan = plan
         return disallow_train_eval(_without_observers(model, gm, bodies))
     _check_calibrated(gm, nodes, plan, allow_uncalibrated)
     qparams: dict[str, QParams] = {}
@@ -165,7 +165,7 @@ def convert_pt2e(
     if plan is not None:
         by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
         nodes_by_group = {g.group: made.get(g.observer, ()) for g in plan.groups}
-        gm.plan = plan.with_qparams(by_group, nodes_by_group)
+        set_plan(gm, plan.with_qparams(by_group, nodes_by_group))
     if use_reference_representation:
         if not fold_quantize:
             raise ConfigError(
@@ -180,7 +180,7 @@ def convert_pt2e(
 
 def _without_observers(model: GraphModule, gm: GraphModule, bodies: int) -> GraphModule:
     """The converted copy of a model whose graph has no observers, or the error saying why."""
-    plan = getattr(model, "plan", None)
+    plan = plan_of(model)
     if bodies:  # all the quantized operators are inside loops
         return gm
     if plan is not None and not plan.groups:
@@ -210,7 +210,6 @@ def _convert_loop_bodies(
     for _, path in list(loop_bodies(gm)):
         body = gm.get_submodule(path)
         if isinstance(body, GraphModule) and model_stage(body) is Stage.PREPARED:
-            body.plan = getattr(model.get_submodule(path), "plan", None)  # deepcopy drops it
             body = convert_pt2e(
                 body, fold_quantize=fold_quantize, allow_uncalibrated=allow_uncalibrated
             )

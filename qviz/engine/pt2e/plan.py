@@ -42,6 +42,7 @@ from qviz.engine.specs import (
 from qviz.errors import ConfigError, closest_names
 
 __all__ = [
+    "PLAN_KEY",
     "QAT_PART",
     "FloatReason",
     "FloatRecord",
@@ -52,6 +53,9 @@ __all__ = [
     "TensorRecord",
     "TensorRef",
     "build_plan",
+    "plan_of",
+    "require_plan",
+    "set_plan",
 ]
 
 aten = torch.ops.aten
@@ -399,3 +403,123 @@ def build_plan(
     )
     consumers = {k[1].name if isinstance(k, tuple) else k.name for k in sharing.members}
     return QuantPlan(groups, tensors, _float_records(gm, consumers, unfolded_bn))
+
+
+#: ``GraphModule.meta`` key of the model's :class:`QuantPlan`: the one place a plan lives
+#: (``GraphModule.__deepcopy__`` copies ``meta``, so every copy keeps its plan).
+PLAN_KEY = "qviz_plan"
+
+
+def plan_of(model: Any) -> QuantPlan | None:
+    """The :class:`QuantPlan` recorded in ``model``'s meta, or None when it has none.
+
+    None for a float graph, a model prepared by torchao (no plan), or anything that is not a
+    torch.fx GraphModule; callers that need a plan raise their own error naming the fix.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),))
+        >>> plan_of(gm) is None
+        True
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> prepared = qviz.prepare_pt2e(gm, q)
+        >>> plan_of(prepared) is prepared.plan, len(plan_of(prepared).groups)
+        (True, 3)
+    """
+    meta = getattr(model, "meta", None) if isinstance(model, GraphModule) else None
+    return meta.get(PLAN_KEY) if isinstance(meta, dict) else None
+
+
+def require_plan(model: Any, where: str = "this step") -> QuantPlan:
+    """:func:`plan_of` for steps that cannot work without a plan: a ConfigError saying so.
+
+    Example:
+        >>> import torch
+        >>> require_plan(torch.nn.ReLU(), "report")
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: report needs a model from qviz.prepare_pt2e or qviz.convert_pt2e, which records its QuantPlan (model.plan); got ReLU
+    """  # noqa: E501
+    plan = plan_of(model)
+    if plan is None:
+        planless = " (a graph module without one: prepared by torchao?)"
+        raise ConfigError(
+            f"{where} needs a model from qviz.prepare_pt2e or qviz.convert_pt2e, which records "
+            f"its QuantPlan (model.plan); got {type(model).__name__}"
+            + (planless if isinstance(model, GraphModule) else "")
+        )
+    return plan
+
+
+def set_plan(gm: GraphModule, plan: QuantPlan | None) -> GraphModule:
+    """Record ``plan`` in ``gm.meta`` (None removes it); ``gm.plan`` reads it from there.
+
+    ``gm`` becomes an instance of a subclass of its own class that offers ``.plan`` as a
+    property over the meta, so copies (``copy.deepcopy``, convert's copy) and pickles keep
+    both the plan and the property, with nothing re-attached by hand.
+
+    Example:
+        >>> import copy, torch
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> plan = QuantPlan((), ())
+        >>> set_plan(gm, plan).plan is plan, copy.deepcopy(gm).plan == plan
+        (True, True)
+        >>> set_plan(gm, None) is gm, plan_of(gm)
+        (True, None)
+    """
+    if not isinstance(gm, GraphModule):
+        raise ConfigError(f"a QuantPlan is kept by a torch.fx GraphModule, got {type(gm).__name__}")
+    if plan is None:
+        gm.meta.pop(PLAN_KEY, None)
+        return gm
+    if not all(hasattr(plan, name) for name in ("groups", "tensors", "float_nodes")):
+        raise ConfigError(f"model.plan must be a QuantPlan, got {type(plan).__name__}")
+    gm.meta[PLAN_KEY] = plan
+    if not isinstance(getattr(type(gm), "plan", None), property):
+        _give_plan_property(gm)
+    return gm
+
+
+class _HasPlan:
+    """Mixin of the graph modules that carry a plan: ``.plan`` reads and writes ``meta``."""
+
+    meta: dict[str, Any]
+
+    @property
+    def plan(self) -> QuantPlan:
+        """The model's :class:`QuantPlan` (kept in ``self.meta``)."""
+        plan = plan_of(self)
+        if plan is None:  # AttributeError: getattr(model, "plan", None) stays None
+            raise AttributeError(f"{type(self).__name__} has no QuantPlan (meta[{PLAN_KEY!r}])")
+        return plan
+
+    @plan.setter
+    def plan(self, plan: QuantPlan | None) -> None:
+        set_plan(self, plan)  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # GraphModule pickles its code and attributes but rebuilds ``meta``: carry the plan
+        rebuild, args = super().__reduce__()  # type: ignore[misc]
+        return (_rebuilt_with_plan, (rebuild, args, plan_of(self)))
+
+
+def _rebuilt_with_plan(rebuild: Any, args: tuple[Any, ...], plan: QuantPlan | None) -> Any:
+    return set_plan(rebuild(*args), plan)
+
+
+_PLANNED: dict[type, type] = {}
+
+
+def _give_plan_property(gm: GraphModule) -> None:
+    """Make ``gm``'s class a per-instance subclass of (``_HasPlan``, its base class).
+
+    torch.fx gives each GraphModule its own class (``GraphModuleImpl``, which holds its
+    ``forward``) and builds a copy's class from the first base that is not one: that base
+    becomes the planned one here, so a copy is planned too.
+    """
+    base = next(c for c in type(gm).__mro__ if c.__qualname__.split(".")[-1] != "GraphModuleImpl")
+    if base not in _PLANNED:
+        _PLANNED[base] = type(base.__name__, (_HasPlan, base), {"__module__": base.__module__})
+    gm.__class__ = type("GraphModuleImpl", (_PLANNED[base],), {})
+    gm.recompile()  # the new class gets this graph's forward

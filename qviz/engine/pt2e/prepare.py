@@ -43,7 +43,7 @@ from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.pt2e.annotations import collect_specs, out_arguments
 from qviz.engine.pt2e.passes.bn_fold import fold_batch_norm
-from qviz.engine.pt2e.plan import build_plan
+from qviz.engine.pt2e.plan import build_plan, require_plan, set_plan
 from qviz.engine.pt2e.sharing import Sharing, describe, resolve_sharing
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
@@ -199,7 +199,8 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     paths = [path for _, path in loop_bodies(gm)]
     for path in paths:  # each loop body: its own observers and plan
         replace_submodule(gm, path, prepare_pt2e(gm.get_submodule(path), quantizer))
-    gm.plan = dataclasses.replace(gm.plan, loop_bodies=tuple(paths))
+    plan = dataclasses.replace(require_plan(gm), loop_bodies=tuple(paths))
+    set_plan(gm, plan)
     return disallow_train_eval(gm)
 
 
@@ -231,8 +232,7 @@ def observe_annotated(
         if isinstance(key, tuple) and is_written_buffer_edge(gm, *key)
     }
     _insert_observers(gm, {k: v for k, v in key_to_name.items() if k not in unobserved})
-    gm.plan = build_plan(gm, sharing, specs, group_names, unfolded, unobserved)
-    return gm
+    return set_plan(gm, build_plan(gm, sharing, specs, group_names, unfolded, unobserved))
 
 
 def check_inputs(model: Any, quantizer: Any, where: str) -> None:

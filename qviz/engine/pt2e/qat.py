@@ -43,6 +43,7 @@ from qviz.engine.graph.debug_handles import assign_handles
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.pt2e.annotations import collect_specs
 from qviz.engine.pt2e.passes.qat_conv_bn import fuse_conv_bn_for_qat
+from qviz.engine.pt2e.plan import require_plan, set_plan
 from qviz.engine.pt2e.prepare import check_inputs, observe_annotated
 
 __all__ = ["prepare_qat_pt2e"]
@@ -77,5 +78,6 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     paths = [path for _, path in loop_bodies(gm)]
     for path in paths:
         replace_submodule(gm, path, prepare_qat_pt2e(gm.get_submodule(path), quantizer))
-    gm.plan = dataclasses.replace(gm.plan, loop_bodies=tuple(paths))
+    plan = dataclasses.replace(require_plan(gm), loop_bodies=tuple(paths))
+    set_plan(gm, plan)
     return disallow_train_eval(gm)

@@ -28,15 +28,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from qviz.engine.observers import HistogramObserver, parse_histogram_method
-from qviz.engine.pt2e.plan import GroupRecord
+from qviz.engine.pt2e.plan import GroupRecord, plan_of, require_plan, set_plan
 from qviz.errors import ConfigError
 
 __all__ = ["choose_range"]
 
 
 def _groups(prepared: Any, observers: Sequence[str] | str | None) -> list[GroupRecord]:
-    plan = getattr(prepared, "plan", None)
-    if plan is None or not hasattr(plan, "groups"):
+    plan = plan_of(prepared)
+    if plan is None:
         raise ConfigError(
             f"choose_range needs a prepared model (qviz.prepare_pt2e) with .plan, got "
             f"{type(prepared).__name__}"
@@ -95,8 +95,9 @@ def choose_range(
             module.method, module.percentile = old_method, old_pct  # all or nothing
         raise
     text = method if method != "percentile" else f"percentile {modules[0].percentile:g}"
-    prepared.plan = prepared.plan.with_choices({g.group: text for g in groups})
-    chosen = {g.group: g for g in prepared.plan.groups}
+    plan = require_plan(prepared).with_choices({g.group: text for g in groups})
+    set_plan(prepared, plan)
+    chosen = {g.group: g for g in plan.groups}
     return [chosen[g.group] for g in groups]
 
 
