@@ -27,8 +27,15 @@ def alias(old: str, new: str) -> None:
     Called by an alias module with its own ``__name__``; the import system then hands out the
     new module under the old name.
     """
+    shell = sys.modules.get(old)
     module = importlib.import_module(new)
     sys.modules[old] = module
+    if shell is not None and shell is not module:
+        # a loader that keeps its own module object (pytest's importlib mode) still sees the
+        # new module's names, the same objects
+        names = getattr(module, "__all__", None) or [n for n in vars(module) if n[0] != "_"]
+        for name in names:
+            setattr(shell, name, getattr(module, name))
     prefix = new + "."
     for name, sub in list(sys.modules.items()):
         if name.startswith(prefix):
