@@ -39,7 +39,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +49,8 @@ from qviz.errors import ConfigError, QvizError, closest_names
 from qviz.numeric.batches import batches_of, checked_batches, split_batch
 from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
+from qviz.widgets.dashboard_table import COLOR_COLUMNS, SORT_COLUMNS, choice, float_row, sorted_rows
+from qviz.widgets.dashboard_view import DashboardView
 
 __all__ = [
     "COLOR_COLUMNS",
@@ -58,20 +59,6 @@ __all__ = [
     "NumericDashboard",
     "Run",
 ]
-
-#: What the table sorts by: graph order, or a report column, worst first.
-SORT_COLUMNS = (
-    "graph", "local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine", "cumulative_mse",
-    "local_mse", "cumulative_max_abs_err",
-    "clipped", "rmse_scale",
-)  # fmt: skip
-#: Columns where higher is better (sorted ascending to put the worst first).
-_HIGHER_IS_BETTER = frozenset({"local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine"})
-#: What the graph can be coloured by (green is good: high SQNR or cosine, low errors).
-COLOR_COLUMNS = (
-    "local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine", "cumulative_mse",
-    "local_mse", "cumulative_max_abs_err", "clipped", "rmse_scale",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,6 +109,7 @@ class NumericDashboard:
         report: the report of the current run (with the current fallbacks).
         quantized_model: the model of the current run.
         error: the last refused action's message, or None.
+        view: its :class:`~qviz.widgets.dashboard_view.DashboardView` (the ipywidgets).
         widget: the ipywidgets box (the dashboard also renders itself in Jupyter).
 
     Raises:
@@ -174,13 +162,11 @@ class NumericDashboard:
         self._runs: dict[tuple[str, ...], tuple[Any, Any]] = {(): (quantized_model, report)}
         self._order = {str(n): i for i, n in enumerate(report.df["node"])}
         self._details: dict[tuple, LayerDetail] = {}
-        self._on_batch: Callable[[int, int], None] | None = None
         worst = report.worst(1)["node"].tolist() if len(report.df) else []
         first = Run((), float(report.output_sqnr), report.metric)
         self.state = DashboardState(selected=worst[0] if worst else None, history=(first,))
-        self._syncing = False
-        self._build(graph and quantized_model is not None)
-        self._refresh()
+        self.view = DashboardView(self, with_graph=graph and quantized_model is not None)
+        self.view.refresh()
 
     @classmethod
     def from_models(
@@ -246,11 +232,11 @@ class NumericDashboard:
 
     def sort(self, by: str) -> NumericDashboard:
         """Sort the table: ``"graph"`` order or a column, worst first (see SORT_COLUMNS)."""
-        return self._guard(lambda: self._set(sort_by=_choice(by, SORT_COLUMNS, "sort by")))
+        return self._guard(lambda: self._set(sort_by=choice(by, SORT_COLUMNS, "sort by")))
 
     def color_by(self, column: str) -> NumericDashboard:
         """Colour the graph by a report column (see COLOR_COLUMNS; the worse, the redder)."""
-        return self._guard(lambda: self._set(color_by=_choice(column, COLOR_COLUMNS, "colour by")))
+        return self._guard(lambda: self._set(color_by=choice(column, COLOR_COLUMNS, "colour by")))
 
     def toggle_fallback(self, node: str | None = None) -> NumericDashboard:
         """Keep ``node`` (default: the selected layer) in float, or quantize it again.
@@ -304,8 +290,8 @@ class NumericDashboard:
         rows = [dict(r, fallback=False) for r in self.report.df.to_dict("records")]
         base = {str(r["node"]): r for r in self._base.df.to_dict("records")}
         for name in self.state.fallback:
-            rows.append(_float_row(base.get(name, {"node": name})))
-        return _sorted(rows, self.state.sort_by, self._order)
+            rows.append(float_row(base.get(name, {"node": name})))
+        return sorted_rows(rows, self.state.sort_by, self._order)
 
     # -- state changes -------------------------------------------------------------------------
     def _guard(self, action: Callable[[], None]) -> NumericDashboard:
@@ -315,7 +301,7 @@ class NumericDashboard:
             self.error = None
         except QvizError as exc:
             self.state, self.error = before, str(exc)
-        self._refresh()
+        self.view.refresh()
         return self
 
     def _set(self, **changes: Any) -> None:
@@ -369,8 +355,7 @@ class NumericDashboard:
             for batch in batches:
                 yield batch
                 done[0] += 1
-                if self._on_batch is not None:
-                    self._on_batch(done[0], total)
+                self.view.on_batch(done[0], total)
 
         prepared = qviz.prepare_pt2e(self.float_model, quantizer)
         qviz.calibrate(prepared, counted(self._calibration), progress=False)
@@ -385,15 +370,10 @@ class NumericDashboard:
         return split_batch(self._batches[0], quantized_model, 0, "NumericDashboard")[0]
 
     # -- view ----------------------------------------------------------------------------------
-    def _build(self, with_graph: bool) -> None:
-        from qviz.widgets.dashboard_view import build_view
-
-        build_view(self, with_graph)
-
-    def _refresh(self) -> None:
-        from qviz.widgets.dashboard_view import refresh_view
-
-        refresh_view(self)
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets box of the dashboard (its :attr:`view`'s)."""
+        return self.view.widget
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
@@ -404,31 +384,3 @@ class NumericDashboard:
             f"NumericDashboard({len(self.report.df)} layers, selected={st.selected}, "
             f"fallback={list(st.fallback)}, output SQNR {self.report.output_sqnr:.2f} dB)"
         )
-
-
-def _choice(value: Any, options: tuple[str, ...], what: str) -> str:
-    if value not in options:
-        raise ConfigError(f"{what} {value!r}: choose one of {list(options)}")
-    return str(value)
-
-
-def _float_row(base: dict[str, Any]) -> dict[str, Any]:
-    keep = ("node", "op", "module", "handle")
-    row: dict[str, Any] = {k: (v if k in keep else math.nan) for k, v in base.items()}
-    return dict(row, fallback=True)
-
-
-def _sorted(rows: list[dict[str, Any]], by: str, order: dict[str, int]) -> list[dict[str, Any]]:
-    """Graph order, or worst first by a column; layers in float and NaN last."""
-    position = {id(r): order.get(str(r["node"]), len(order) + i) for i, r in enumerate(rows)}
-    rows = sorted(rows, key=lambda r: position[id(r)])
-    if by == "graph":
-        return rows
-    sign = 1.0 if by in _HIGHER_IS_BETTER else -1.0
-
-    def key(r: dict[str, Any]) -> tuple[int, float]:
-        v = r.get(by, math.nan)
-        v = float(v) if isinstance(v, int | float) else math.nan
-        return (1, 0.0) if math.isnan(v) else (0, sign * v)
-
-    return sorted(rows, key=key)  # stable: graph order among equals

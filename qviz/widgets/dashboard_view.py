@@ -1,5 +1,6 @@
-"""The ipywidgets and figures of :class:`~qviz.widgets.dashboard.NumericDashboard`: built once,
-refreshed from its state after every change (the controls only call its Python methods).
+"""The view of :class:`~qviz.widgets.dashboard.NumericDashboard`: :class:`DashboardView` owns its
+ipywidgets, built once and refreshed from the dashboard's state after every change (the controls
+only call the dashboard's Python methods).
 
 Example:
     >>> row_label({"node": "conv2d_1", "op": "conv2d", "local_sqnr": 2.5, "cumulative_sqnr": 1.25,
@@ -14,13 +15,17 @@ Example:
 from __future__ import annotations
 
 import html
-import io
 import math
-from typing import Any
+from typing import Any, Protocol
 
-from qviz.widgets.layout import scrolling
+from torch.fx import GraphModule
 
-__all__ = ["build_view", "figure_png", "history_html", "refresh_view", "row_label"]
+from qviz.errors import QvizError
+from qviz.widgets.dashboard_table import COLOR_COLUMNS, HIGHER_IS_BETTER, SORT_COLUMNS
+from qviz.widgets.graph_panel import FoldedGraph
+from qviz.widgets.layout import figure_png, row, scrolling, split
+
+__all__ = ["Dashboard", "DashboardView", "history_html", "row_label"]
 
 _STYLE = (
     "<style>.qviz-dash-rows select, .qviz-dash-mono {font-family: monospace; font-size: 12px; "
@@ -47,6 +52,8 @@ _CAPTION = (
     "SQNR in dB (higher is better): <b>local</b> with this layer alone quantized, "
     "<b>cumul.</b> with every layer up to it quantized, <b>weight</b> of its weight"
 )
+#: The colour scale of SQNR columns, dB.
+_SQNR_SCALE = (0.0, 50.0)
 
 
 def history_html(history: list[dict[str, Any]]) -> str:
@@ -84,212 +91,216 @@ def history_html(history: list[dict[str, Any]]) -> str:
     )
 
 
-def figure_png(fig: Any, dpi: int = 80) -> bytes:
-    """A matplotlib Figure as PNG bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+class Dashboard(Protocol):
+    """What :class:`DashboardView` reads and calls: the public surface of a NumericDashboard."""
+
+    state: Any
+    error: str | None
+    quantizer: Any
+
+    @property
+    def rows(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def history(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def report(self) -> Any: ...
+
+    @property
+    def quantized_model(self) -> GraphModule | None: ...
+
+    def detail(self, node: str | None = None) -> Any: ...
+
+    def select(self, node: str) -> Any: ...
+
+    def sort(self, by: str) -> Any: ...
+
+    def color_by(self, column: str) -> Any: ...
+
+    def toggle_fallback(self, node: str | None = None) -> Any: ...
 
 
-def build_view(dash: Any, with_graph: bool) -> None:
-    """Create the controls and wire each to the dashboard's Python equivalent."""
-    import ipywidgets as w
+class DashboardView:
+    """The dashboard's controls, table, heatmap graph, layer detail and run history.
 
-    from qviz.widgets.dashboard import COLOR_COLUMNS, SORT_COLUMNS
-    from qviz.widgets.layout import row, split
+    Args:
+        dash: the dashboard shown (its public methods are what the controls call).
+        with_graph: draw the quantized model as a heatmap beside the table.
 
-    st = dash.state
-    dash._sort = w.Dropdown(options=list(SORT_COLUMNS), value=st.sort_by, description="sort by")
-    dash._color = w.Dropdown(
-        options=list(COLOR_COLUMNS), value=st.color_by, description="colour by"
-    )
-    dash._header = w.HTML(
-        f'{_STYLE}<div style="color:#555;font-size:12px">{_CAPTION}</div>'
-        f'<div class="qviz-dash-mono">{html.escape(_HEADER)}</div>'
-    )
-    dash._rows = w.Select(options=[], rows=12, layout=w.Layout(width="100%"))
-    dash._rows.add_class("qviz-dash-rows")
-    dash._fallback = w.ToggleButton(
-        description="fallback this layer", icon="undo", layout=w.Layout(width="200px")
-    )
-    dash._progress = w.IntProgress(value=0, min=0, max=1, description="re-run")
-    dash._history = w.HTML()
-    dash._status = w.HTML()
-    dash._detail = w.Image(format="png", layout=w.Layout(max_width="100%"))
-    dash._detail_note = w.HTML()
-    dash._row_options: tuple = ()
-    dash._graph_key: tuple | None = None
-    dash._pngs: dict[tuple, bytes] = {}
-    dash._on_batch = lambda done, total: _progress(dash, done, total)
-    _wire(dash)
-    panel = w.VBox(
-        [
-            row([dash._sort, dash._color]),
-            dash._header,
-            dash._rows,
-            row([dash._fallback, dash._progress]),
-            dash._history,
-            dash._status,
-        ]
-    )
-    dash._graph = _graph(dash) if with_graph else None
-    top = split(dash._graph, panel, graph_width="45%")
-    dash.widget = w.VBox([top, dash._detail_note, dash._detail])
+    Attributes:
+        widget: the ipywidgets box shown in Jupyter.
+        graph: the :class:`~qviz.widgets.graph_widget.GraphWidget` (None without a graph).
+        sort_by, color_by, rows, fallback, progress, history, status, detail, detail_note: the
+            controls and outputs (``rows`` is the table, a Select of ``(label, node)``).
 
+    Example:
+        >>> from qviz.numeric import NumericReport
+        >>> from qviz.widgets.dashboard import NumericDashboard
+        >>> r = NumericReport.from_table([{"node": "a", "local_sqnr": 4.0}], output_sqnr=4.0)
+        >>> view = NumericDashboard(r).view
+        >>> view.rows.value, view.graph is None
+        ('a', True)
+    """
 
-def _progress(dash: Any, done: int, total: int) -> None:
-    dash._progress.max = max(total, 1)
-    dash._progress.value = done
-    dash._progress.description = f"{done}/{total}"
+    def __init__(self, dash: Dashboard, *, with_graph: bool) -> None:
+        import ipywidgets as w
 
+        self._dash = dash
+        self._syncing = False
+        self._row_options: tuple = ()
+        self._graph_key: tuple | None = None
+        self._pngs: dict[tuple, bytes] = {}
+        st = dash.state
+        self.sort_by = w.Dropdown(
+            options=list(SORT_COLUMNS), value=st.sort_by, description="sort by"
+        )
+        self.color_by = w.Dropdown(
+            options=list(COLOR_COLUMNS), value=st.color_by, description="colour by"
+        )
+        self.header = w.HTML(
+            f'{_STYLE}<div style="color:#555;font-size:12px">{_CAPTION}</div>'
+            f'<div class="qviz-dash-mono">{html.escape(_HEADER)}</div>'
+        )
+        self.rows = w.Select(options=[], rows=12, layout=w.Layout(width="100%"))
+        self.rows.add_class("qviz-dash-rows")
+        self.fallback = w.ToggleButton(
+            description="fallback this layer", icon="undo", layout=w.Layout(width="200px")
+        )
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="re-run")
+        self.history, self.status = w.HTML(), w.HTML()
+        self.detail = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.detail_note = w.HTML()
+        self._pane = FoldedGraph(on_select=self._clicked) if with_graph else None
+        self.graph = self._pane.widget if self._pane is not None else None
+        self._wire()
+        panel = w.VBox(
+            [
+                row([self.sort_by, self.color_by]),
+                self.header,
+                self.rows,
+                row([self.fallback, self.progress]),
+                self.history,
+                self.status,
+            ]
+        )
+        top = split(self.graph, panel, graph_width="45%")
+        self.widget = w.VBox([top, self.detail_note, self.detail])
 
-def _wire(dash: Any) -> None:
-    def on(control: Any, action: Any) -> None:
-        def handler(change: dict[str, Any]) -> None:
-            if not dash._syncing and change["new"] is not None:
-                action(change["new"])
+    def on_batch(self, done: int, total: int) -> None:
+        """Show a re-run's progress: ``done`` of ``total`` batches."""
+        self.progress.max = max(total, 1)
+        self.progress.value = done
+        self.progress.description = f"{done}/{total}"
 
-        control.observe(handler, "value")
-
-    on(dash._sort, dash.sort)
-    on(dash._color, dash.color_by)
-    on(dash._rows, dash.select)
-    on(dash._fallback, lambda _: dash.toggle_fallback())
-
-
-def _graph(dash: Any) -> Any:
-    from qviz.widgets.graph_widget import GraphWidget
-
-    widget = GraphWidget()
-
-    def on_select(change: dict[str, Any]) -> None:
-        name = change["new"]
-        if dash._syncing or not name or name.startswith("module/"):
-            return
-        dash.select(_row_of(dash, name))
-
-    def on_module(change: dict[str, Any]) -> None:
-        path = (change["new"] or {}).get("path")
-        if path:
-            dash._folding.toggle(path)
-            dash._graph_key = None  # redraw with the new folding
-            _refresh_graph(dash)
-
-    widget.observe(on_select, "selected")
-    widget.observe(on_module, "module_click")
-    return widget
-
-
-def _row_of(dash: Any, name: str) -> str:
-    """The table row a graph click stands for: an edge's consumer (or producer); for a
-    quantize/dequantize node, the operator whose output it quantizes, or else (a weight's) the
-    operator it feeds; otherwise the name itself."""
-    from qviz.numeric.compare import qdq_ops
-
-    quantize, dequantize = qdq_ops()
-
-    def _is_qdq(node: Any) -> bool:
-        return node.op == "call_function" and node.target in quantize | dequantize
-
-    rows = set(dash._nodes())
-    if "->" in name:
-        producer, _, consumer = (s.strip() for s in name.partition("->"))
-        return consumer if consumer in rows else producer
-    model = dash.quantized_model
-    start = next((n for n in model.graph.nodes if n.name == name), None) if model else None
-    if start is None or not _is_qdq(start):
-        return name
-    node = start
-    while _is_qdq(node) and isinstance(node.args[0], type(node)):
-        node = node.args[0]
-    if node.name in rows:
-        return str(node.name)
-    node = start
-    while _is_qdq(node) and len(node.users) == 1:
-        node = next(iter(node.users))
-    return str(node.name) if node.name in rows else name
-
-
-#: The colour scale of SQNR columns, dB.
-_SQNR_SCALE = (0.0, 50.0)
-
-
-def _drawing(dash: Any) -> Any:
-    from qviz.viz import graph
-
-    st = dash.state
-    model, report = dash.quantized_model, dash.report
-    from qviz.widgets.dashboard import _HIGHER_IS_BETTER
-
-    higher = st.color_by in _HIGHER_IS_BETTER
-    # SQNR on an absolute scale (0 dB red .. 50 dB green): after a fix, healthy layers stay green
-    span = _SQNR_SCALE if st.color_by.endswith("sqnr") else None
-    kwargs = {"metric_column": st.color_by, "higher_is_better": higher, "metric_range": span}
-    if getattr(dash, "_folding", None) is None:
-        from qviz.widgets.folding import Folding
-
-        dash._folding = Folding(model)  # big models open collapsed; a click expands a module
-    return graph(model, metrics=report, collapse=dash._folding.collapse, **kwargs)
-
-
-def refresh_view(dash: Any) -> None:
-    """Show the dashboard's state: controls, table, graph, detail, history, status."""
-    st = dash.state
-    rows = dash.rows
-    options = tuple((row_label(r), str(r["node"])) for r in rows)
-    dash._syncing = True
-    try:
-        dash._sort.value, dash._color.value = st.sort_by, st.color_by
-        if options != dash._row_options:
-            dash._rows.options, dash._row_options = options, options
-        dash._rows.value = st.selected
-        dash._fallback.value = st.selected in st.fallback
-        if dash._graph is not None:
-            _refresh_graph(dash)
-    finally:
-        dash._syncing = False
-    dash._fallback.disabled = st.selected is None
-    dash._fallback.tooltip = "" if dash.quantizer else "fallback needs quantizer= (from_models)"
-    _refresh_detail(dash)
-    dash._history.value = history_html(dash.history)
-    dash._status.value = _status(dash)
-
-
-def _refresh_graph(dash: Any) -> None:
-    from qviz.errors import QvizError
-
-    key = (dash.state.fallback, dash.state.color_by)
-    if key != dash._graph_key:  # redraw (Graphviz) only when the model or the colours change
-        dash._graph_key = key
+    def refresh(self) -> None:
+        """Show the dashboard's state: controls, table, graph, detail, history, status."""
+        dash = self._dash
+        st = dash.state
+        options = tuple((row_label(r), str(r["node"])) for r in dash.rows)
+        self._syncing = True
         try:
-            dash._graph.show(_drawing(dash))
-        except QvizError as exc:  # no dot program: the table still works
-            dash._graph.show(f"<svg><text y='20'>{html.escape(str(exc))}</text></svg>")
-    dash._graph.selected = dash.state.selected or ""
+            self.sort_by.value, self.color_by.value = st.sort_by, st.color_by
+            if options != self._row_options:
+                self.rows.options, self._row_options = options, options
+            self.rows.value = st.selected
+            self.fallback.value = st.selected in st.fallback
+            self._refresh_graph()
+        finally:
+            self._syncing = False
+        self.fallback.disabled = st.selected is None
+        self.fallback.tooltip = "" if dash.quantizer else "fallback needs quantizer= (from_models)"
+        self._refresh_detail()
+        self.history.value = history_html(dash.history)
+        self.status.value = self._status()
 
+    # -- internals -------------------------------------------------------------------------------
+    def _wire(self) -> None:
+        dash = self._dash
 
-def _refresh_detail(dash: Any) -> None:
-    from qviz.errors import QvizError
+        def on(control: Any, action: Any) -> None:
+            def handler(change: dict[str, Any]) -> None:
+                if not self._syncing and change["new"] is not None:
+                    action(change["new"])
 
-    st = dash.state
-    key = (st.fallback, st.selected)
-    if st.selected is None:
-        dash._detail_note.value, dash._detail.value = "<i>select a layer</i>", b""
-        return
-    if key not in dash._pngs:
-        try:
-            dash._pngs[key] = figure_png(dash.detail(st.selected).plot())
-        except QvizError as exc:
-            note = f'<div style="color:#555">detail: {html.escape(str(exc))}</div>'
-            dash._detail_note.value, dash._detail.value = note, b""
+            control.observe(handler, "value")
+
+        on(self.sort_by, dash.sort)
+        on(self.color_by, dash.color_by)
+        on(self.rows, dash.select)
+        on(self.fallback, lambda _: dash.toggle_fallback())
+
+    def _clicked(self, name: str) -> None:
+        if not self._syncing:
+            self._dash.select(self._row_of(name))
+
+    def _row_of(self, name: str) -> str:
+        """The table row a graph click stands for: an edge's consumer (or producer); for a
+        quantize/dequantize node, the operator whose output it quantizes, or else (a weight's)
+        the operator it feeds; otherwise the name itself."""
+        from qviz.numeric.compare import qdq_ops
+
+        quantize, dequantize = qdq_ops()
+
+        def _is_qdq(node: Any) -> bool:
+            return node.op == "call_function" and node.target in quantize | dequantize
+
+        rows = {str(r["node"]) for r in self._dash.rows}
+        if "->" in name:
+            producer, _, consumer = (s.strip() for s in name.partition("->"))
+            return consumer if consumer in rows else producer
+        model = self._dash.quantized_model
+        start = next((n for n in model.graph.nodes if n.name == name), None) if model else None
+        if start is None or not _is_qdq(start):
+            return name
+        node = start
+        while _is_qdq(node) and isinstance(node.args[0], type(node)):
+            node = node.args[0]
+        if node.name in rows:
+            return str(node.name)
+        node = start
+        while _is_qdq(node) and len(node.users) == 1:
+            node = next(iter(node.users))
+        return str(node.name) if node.name in rows else name
+
+    def _refresh_graph(self) -> None:
+        if self._pane is None:
             return
-    dash._detail_note.value = (
-        f"<b>{html.escape(st.selected)}</b>: quantized against float outputs on the first batch"
-    )
-    dash._detail.value = dash._pngs[key]
+        st = self._dash.state
+        key = (st.fallback, st.color_by)
+        if key != self._graph_key:  # redraw (Graphviz) only when the model or the colours change
+            self._graph_key = key
+            # SQNR on an absolute scale (0 dB red .. 50 dB green): after a fix, healthy layers
+            # stay green
+            span = _SQNR_SCALE if st.color_by.endswith("sqnr") else None
+            self._pane.draw(
+                self._dash.quantized_model,
+                metrics=self._dash.report,
+                metric_column=st.color_by,
+                higher_is_better=st.color_by in HIGHER_IS_BETTER,
+                metric_range=span,
+            )
+        self._pane.select(st.selected or "")
 
+    def _refresh_detail(self) -> None:
+        st = self._dash.state
+        key = (st.fallback, st.selected)
+        if st.selected is None:
+            self.detail_note.value, self.detail.value = "<i>select a layer</i>", b""
+            return
+        if key not in self._pngs:
+            try:
+                self._pngs[key] = figure_png(self._dash.detail(st.selected).plot())
+            except QvizError as exc:
+                note = f'<div style="color:#555">detail: {html.escape(str(exc))}</div>'
+                self.detail_note.value, self.detail.value = note, b""
+                return
+        self.detail_note.value = (
+            f"<b>{html.escape(st.selected)}</b>: quantized against float outputs on the first batch"
+        )
+        self.detail.value = self._pngs[key]
 
-def _status(dash: Any) -> str:
-    if dash.error:
-        return f'<div style="color:#b00020">⚠ {html.escape(dash.error)}</div>'
-    return f'<div style="color:#555">{html.escape(dash.report.summary())}</div>'
+    def _status(self) -> str:
+        if self._dash.error:
+            return f'<div style="color:#b00020">⚠ {html.escape(self._dash.error)}</div>'
+        return f'<div style="color:#555">{html.escape(self._dash.report.summary())}</div>'

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PANEL_CSS", "breakable", "row", "scrolling", "split"]
+__all__ = ["PANEL_CSS", "breakable", "figure_png", "row", "scrolling", "split"]
 
 _BREAK = re.compile(r"(?<=_)|(?<=[a-z0-9])(?=[A-Z])")
 
@@ -55,6 +55,15 @@ def breakable(text: str) -> str:
         'Histogram<wbr>Observer &lt;a&gt;'
     """
     return "<wbr>".join(html.escape(part) for part in _BREAK.split(text))
+
+
+def figure_png(fig: Any, dpi: int = 80) -> bytes:
+    """A matplotlib Figure as PNG bytes (what an ``ipywidgets.Image`` shows)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
 
 
 def row(children: Sequence[Any]) -> Any:

@@ -111,7 +111,7 @@ def refresh_view(dash: Any) -> None:
 
 def _refresh_figure(dash: Any) -> None:
     from qviz.errors import QvizError
-    from qviz.widgets.dashboard_view import figure_png
+    from qviz.widgets.layout import figure_png
 
     if not dash.monitor.steps:
         dash._figure_note.value = "<i>the figure appears after the first step</i>"

@@ -55,8 +55,8 @@ def test_opens_on_the_worst_layer_and_sorts_worst_first(broken):
     assert cumulative == sorted(cumulative)  # low SQNR is bad: ascending
     mse = [r["cumulative_mse"] for r in dash.sort("cumulative_mse").rows]
     assert mse == sorted(mse, reverse=True)  # high MSE is bad: descending
-    assert dash._rows.options[0][1] == dash.rows[0]["node"]  # the control follows
-    assert "conv2d_1" in dash._rows.options[0][0]
+    assert dash.view.rows.options[0][1] == dash.rows[0]["node"]  # the control follows
+    assert "conv2d_1" in dash.view.rows.options[0][0]
 
 
 def test_errors_keep_the_state_and_say_why(broken):
@@ -64,7 +64,7 @@ def test_errors_keep_the_state_and_say_why(broken):
     before = dash.state
     dash.select("conv2d_9")
     assert dash.state == before and "not a layer" in dash.error and "conv2d_1" in dash.error
-    assert "⚠" in dash._status.value
+    assert "⚠" in dash.view.status.value
     dash.toggle_fallback()
     assert dash.state == before and "pass quantizer=" in dash.error
     dash.sort("speed")
@@ -95,15 +95,17 @@ def test_detail_shows_the_layer_outputs_the_report_measured(broken):
     offsets = scatter.collections[0].get_offsets()
     assert np.allclose(offsets[:, 0], detail.float_values)
     assert np.allclose(offsets[:, 1], detail.quantized_values)
-    assert "SQNR" in hist.get_title() and dash._detail.value[:4] == b"\x89PNG"
+    assert "SQNR" in hist.get_title() and dash.view.detail.value[:4] == b"\x89PNG"
 
 
 def test_fallback_restores_the_model_and_toggling_back_restores_the_plan(broken):
     _, _, _, quantized, report = broken
     dash = _dashboard(broken)
-    dash._fallback.value = True  # the button: falls back the selected layer, conv2d_1
+    dash.view.fallback.value = True  # the button: falls back the selected layer, conv2d_1
     assert dash.error is None and dash.state.fallback == ("conv2d_1",)
-    assert dash._progress.value == dash._progress.max == 6  # 3 calibration + 3 compare batches
+    assert (
+        dash.view.progress.value == dash.view.progress.max == 6
+    )  # 3 calibration + 3 compare batches
     first, after = dash.history
     assert first == {"fallback": [], "output_sqnr": report.output_sqnr, "metric": report.metric}
     assert after["fallback"] == ["conv2d_1"]
@@ -113,14 +115,14 @@ def test_fallback_restores_the_model_and_toggling_back_restores_the_plan(broken)
     assert [(f.node, f.reason.value) for f in plan.float_nodes] == [("conv2d_1", "user fallback")]
     row = next(r for r in dash.rows if r["node"] == "conv2d_1")
     assert row["fallback"] and math.isnan(row["local_sqnr"])
-    assert "in float" in dash._rows.options[-1][0]  # NaN rows last
-    assert "→" in dash._history.value and "conv2d_1" in dash._history.value
+    assert "in float" in dash.view.rows.options[-1][0]  # NaN rows last
+    assert "→" in dash.view.history.value and "conv2d_1" in dash.view.history.value
     assert dash.detail("conv2d_1").in_float  # in float now: only inherited error left
     dash.toggle_fallback("conv2d_1")
     assert dash.state.fallback == () and dash.quantized_model is quantized
     assert dash.report is report and len(dash.history) == 3
     assert dash.history[-1]["output_sqnr"] == first["output_sqnr"]
-    assert dash._fallback.value is False
+    assert dash.view.fallback.value is False
 
 
 def test_fallback_of_an_unknown_layer_keeps_the_state(broken):
@@ -133,8 +135,8 @@ def test_fallback_of_an_unknown_layer_keeps_the_state(broken):
 def test_report_alone_shows_the_table(broken):
     report = broken[-1]
     dash = NumericDashboard(report)
-    assert dash._graph is None and len(dash.rows) == len(report.df)
-    assert "from_models" in dash._detail_note.value
+    assert dash.view.graph is None and len(dash.rows) == len(report.df)
+    assert "from_models" in dash.view.detail_note.value
     with pytest.raises(ConfigError, match="from_models"):
         dash.detail()
     dash.toggle_fallback()
@@ -146,31 +148,31 @@ def test_report_alone_shows_the_table(broken):
 @needs_dot
 def test_graph_heatmap_and_clicks_select_rows(broken):
     dash = _dashboard(broken, graph=True)
-    svg = dash._graph.svg
+    svg = dash.view.graph.svg
     assert svg.startswith("<svg") and "local_sqnr" in svg
-    assert dash._graph.selected == "conv2d_1"
-    dash._graph.module_click = {"path": "conv2", "n": 1}  # a click on a module: it folds
-    assert "module/conv2" in dash._graph.svg
-    dash._graph.module_click = {"path": "conv2", "n": 2}
-    assert "module/conv2" not in dash._graph.svg
-    dash._graph.selected = "relu_2"  # a click on a node
-    assert dash.state.selected == "relu_2" and dash._rows.value == "relu_2"
+    assert dash.view.graph.selected == "conv2d_1"
+    dash.view.graph.module_click = {"path": "conv2", "n": 1}  # a click on a module: it folds
+    assert "module/conv2" in dash.view.graph.svg
+    dash.view.graph.module_click = {"path": "conv2", "n": 2}
+    assert "module/conv2" not in dash.view.graph.svg
+    dash.view.graph.selected = "relu_2"  # a click on a node
+    assert dash.state.selected == "relu_2" and dash.view.rows.value == "relu_2"
     nodes = {n.name: n for n in dash.quantized_model.graph.nodes}
     conv = nodes["conv2d_1"]
     output_dq = next(iter(next(iter(nodes["relu"].users)).users))  # relu -> q -> dq
-    dash._graph.selected = output_dq.name  # a q/dq node stands for the operator it follows
+    dash.view.graph.selected = output_dq.name  # a q/dq node stands for the operator it follows
     assert dash.state.selected == "relu", output_dq.name
-    dash._graph.selected = conv.args[1].name  # the weight's dequantize: the conv it feeds
+    dash.view.graph.selected = conv.args[1].name  # the weight's dequantize: the conv it feeds
     assert dash.state.selected == "conv2d_1" and dash.error is None
     dash.select("relu")
-    dash._graph.selected = "relu -> conv2d_1"  # an edge: its consumer
+    dash.view.graph.selected = "relu -> conv2d_1"  # an edge: its consumer
     assert dash.state.selected == "conv2d_1"
-    dash._color.value = "cumulative_sqnr"
-    assert dash.state.color_by == "cumulative_sqnr" and dash._graph.svg != svg
+    dash.view.color_by.value = "cumulative_sqnr"
+    assert dash.state.color_by == "cumulative_sqnr" and dash.view.graph.svg != svg
     dash.color_by("cumulative_mse")  # an error: the legend says low is green
-    assert "mse: low (green) to high (red)" in dash._graph.svg
-    dash._rows.value = "linear"  # a click on a row
-    assert dash.state.selected == "linear" and dash._graph.selected == "linear"
+    assert "mse: low (green) to high (red)" in dash.view.graph.svg
+    dash.view.rows.value = "linear"  # a click on a row
+    assert dash.state.selected == "linear" and dash.view.graph.selected == "linear"
 
 
 def test_from_models_on_the_digits_model():
