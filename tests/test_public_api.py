@@ -175,3 +175,28 @@ def test_engine_subpackages_point_one_way(layer):
                     if upper == "qviz.engine.pt2e":  # its passes are below it, not above
                         hit = hit and not name.startswith("qviz.engine.pt2e.passes")
                     assert not hit, f"{path.relative_to(root)} imports {name}"
+
+
+HEADLINE = [
+    "export",
+    "prepare_pt2e",
+    "prepare_qat_pt2e",
+    "calibrate",
+    "convert_pt2e",
+    "calibrate_quantizers",
+    "export_onnx",
+    "numeric.compare",
+    "numeric.sensitivity",
+    "viz.graph",
+    "viz.report",
+]
+
+
+@pytest.mark.parametrize("name", HEADLINE)
+def test_headline_functions_carry_their_own_example(name):
+    """Jupyter's ``?`` shows the function's docstring, not its module's."""
+    obj = qviz
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    doc = inspect.getdoc(obj) or ""
+    assert "Example" in doc and ">>> " in doc, f"qviz.{name} needs an Example in its docstring"

@@ -59,6 +59,15 @@ def export(
 
     Raises:
         QvizError: the model cannot be exported, with torch.export's reason.
+
+    Example:
+        >>> import torch, qviz
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()).eval()
+        >>> gm = qviz.export(model, (torch.randn(8, 4),), dynamic_batch=True)
+        >>> [n.name for n in gm.graph.nodes if n.op == "call_function"]
+        ['linear', 'relu']
+        >>> gm(torch.randn(3, 4)).shape      # any batch size
+        torch.Size([3, 2])
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"export needs an nn.Module, got {type(model).__name__}")

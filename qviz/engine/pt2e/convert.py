@@ -128,6 +128,19 @@ def convert_pt2e(
     Raises:
         CalibrationError: observers that saw no data, each listed with the tensors it observes
             (unless ``allow_uncalibrated``).
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> x = torch.randn(8, 4)
+        >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 2)).eval(), (x,))
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> prepared = qviz.calibrate(qviz.prepare_pt2e(gm, q), x, progress=False)
+        >>> quantized = qviz.convert_pt2e(prepared)
+        >>> sorted({n.target.__name__ for n in quantized.graph.nodes if n.op == "call_function"})
+        ['dequantize_per_tensor.default', 'linear.default', 'quantize_per_tensor.default']
+        >>> [(name, t.dtype) for name, t in quantized.named_buffers()]   # the weight, as int8
+        [('_frozen_param0', torch.int8)]
     """
     if not isinstance(model, GraphModule):
         raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")

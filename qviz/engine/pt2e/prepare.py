@@ -192,6 +192,16 @@ def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     Raises:
         AnnotationError: annotations that cannot be executed (unresolvable sharing, an input
             spec keyed by a node that is not an input, ...), naming the node and the chain.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2)).eval()
+        >>> gm = qviz.export(model, (torch.randn(8, 4),))
+        >>> quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> prepared = qviz.prepare_pt2e(gm, quantizer)
+        >>> [g.observer for g in prepared.plan.groups]   # input, weight, output
+        ['activation_post_process_0', 'activation_post_process_1', 'activation_post_process_2']
     """
     check_inputs(model, quantizer, "prepare_pt2e")
     gm, unfolded = _annotated_copy(model, quantizer)

@@ -65,6 +65,18 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
         ConfigError: ``model`` is not a float graph module, the quantizer cannot annotate, or a
             conv feeds a BatchNorm exported in eval mode.
         AnnotationError: annotations that cannot be executed, naming the node.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2)).train()
+        >>> gm = qviz.export(model, (torch.randn(4, 1, 6, 6),))
+        >>> config = get_symmetric_quantization_config(is_qat=True)
+        >>> prepared = qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config))
+        >>> loss = prepared(torch.randn(4, 1, 6, 6)).square().mean()
+        >>> loss.backward()                  # gradients flow through the fake quantizers
+        >>> type(prepared.activation_post_process_0).__name__
+        'FusedMovingAvgObsFakeQuantize'
     """
     check_inputs(model, quantizer, "prepare_qat_pt2e")
     gm = assign_handles(copy.deepcopy(model))
