@@ -53,9 +53,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qviz.errors import ConfigError, QvizError
-from qviz.viz.histogram_svg import histogram_svg
 from qviz.viz.histograms import HistogramData
 from qviz.widgets.explorer_sources import METHODS, source_for
+from qviz.widgets.explorer_view import ExplorerView
 
 __all__ = ["METHODS", "CalibrationExplorer", "ExplorerState"]
 
@@ -89,6 +89,9 @@ class CalibrationExplorer:
     Attributes:
         state: the current :class:`ExplorerState`.
         error: the last refused action's message, or None.
+        source: what is explored (:class:`~qviz.widgets.explorer_sources.PlanSource` or
+            :class:`~qviz.widgets.explorer_sources.QuantizerSource`).
+        view: its :class:`~qviz.widgets.explorer_view.ExplorerView` (the ipywidgets).
         widget: the ipywidgets box (the explorer also renders itself in Jupyter).
 
     Raises:
@@ -103,15 +106,14 @@ class CalibrationExplorer:
         graph: bool = True,
         example_inputs: tuple[Any, ...] | None = None,
     ) -> None:
-        self._source = source_for(calibrated_model, example_inputs)
+        self.source = source_for(calibrated_model, example_inputs)
         self.model = calibrated_model
-        self.observers = list(self._source.names)
+        self.observers = list(self.source.names)
         self.error: str | None = None
         self._cache: dict[tuple, HistogramData] = {}
         self.state = self._state_for(self.observers[0])
-        self._syncing = False
-        self._build(graph)
-        self._refresh()
+        self.view = ExplorerView(self, with_graph=graph)
+        self.view.refresh()
 
     # -- Python equivalents of the controls ----------------------------------------------------
     def select(self, observer_or_tensor: str) -> CalibrationExplorer:
@@ -144,18 +146,28 @@ class CalibrationExplorer:
     @property
     def rows(self) -> list[dict[str, Any]]:
         """The table: one dict per method (range, scale, zero_point, clipped, SQNR)."""
-        return [dict(r) for r in self._data().rows]
+        return [dict(r) for r in self.data.rows]
+
+    @property
+    def data(self) -> HistogramData:
+        """The histogram and every method's range for the current state."""
+        return self.source.data(self.state, self._cached)
 
     @property
     def svg(self) -> str:
         """The histogram drawing currently shown."""
-        return self._histogram.value
+        return self.view.histogram.value
+
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets box of the explorer (its :attr:`view`'s)."""
+        return self.view.widget
 
     @property
     def choices(self) -> dict[str, str]:
         """``{observer: method}`` for every range the user chose (read from the plan); for a
         quant_nn model, the method that computed each quantizer's loaded amax."""
-        return self._source.choices()
+        return self.source.choices()
 
     @property
     def overrides(self) -> dict[str, dict[str, Any]]:
@@ -168,7 +180,7 @@ class CalibrationExplorer:
         Raises:
             ConfigError: a quant_nn model (its choices live in its quantizers' amax).
         """
-        return self._source.overrides()
+        return self.source.overrides()
 
     # -- state changes -------------------------------------------------------------------------
     def _guard(self, action: Any) -> CalibrationExplorer:
@@ -178,15 +190,15 @@ class CalibrationExplorer:
             self.error = None
         except QvizError as exc:
             self.state, self.error = before, str(exc)
-        self._refresh()
+        self.view.refresh()
         return self
 
     def _state_for(self, observer: str) -> ExplorerState:
-        return ExplorerState(observer, *self._source.start(observer))
+        return ExplorerState(observer, *self.source.start(observer))
 
     def _select(self, name: str) -> None:
         self.state = dataclasses.replace(
-            self._state_for(self._source.resolve(name)),
+            self._state_for(self.source.resolve(name)),
             log=self.state.log,
             percentile=self.state.percentile,
         )
@@ -194,8 +206,8 @@ class CalibrationExplorer:
     def _set(self, method: Any, percentile: Any, num_bits: Any, log: Any) -> None:
         changes: dict[str, Any] = {}
         if method is not None:
-            if method not in self._source.methods:
-                raise ConfigError(f"method {method!r} is not one of {list(self._source.methods)}")
+            if method not in self.source.methods:
+                raise ConfigError(f"method {method!r} is not one of {list(self.source.methods)}")
             changes["method"] = method
         if percentile is not None:
             if isinstance(percentile, bool) or not 0 < float(percentile) <= 100:
@@ -212,45 +224,27 @@ class CalibrationExplorer:
         if log is not None:
             changes["log"] = bool(log)
         self.state = dataclasses.replace(self.state, **changes)
-        self._data()  # compute now, so that a refusal keeps the previous state
+        _ = self.data  # compute now, so that a refusal keeps the previous state
 
     def _choose(self, observers: list[str] | None) -> list[Any] | None:
         try:
-            records = self._source.choose(self.state, observers)
+            records = self.source.choose(self.state, observers)
             self.error = None
         except QvizError as exc:
             self.error, records = str(exc), None
         self._cache.clear()  # the observers' own rows changed
         if records:
-            self._redraw()
-        self._refresh()
+            self.view.redraw()
+        self.view.refresh()
         return records
 
     # -- data ----------------------------------------------------------------------------------
-    def _data(self) -> HistogramData:
-        return self._source.data(self.state, self._cached)
-
     def _cached(self, key: tuple, compute: Any) -> HistogramData:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
 
     # -- view ----------------------------------------------------------------------------------
-    def _build(self, with_graph: bool) -> None:
-        from qviz.widgets.explorer_view import build_view
-
-        build_view(self, with_graph)
-
-    def _refresh(self) -> None:
-        from qviz.widgets.explorer_view import refresh_view
-
-        refresh_view(self)
-
-    def _redraw(self) -> None:
-        from qviz.widgets.explorer_view import redraw_graph
-
-        redraw_graph(self)
-
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
 
@@ -260,9 +254,3 @@ class CalibrationExplorer:
             f"CalibrationExplorer({st.observer}: method={st.method}, percentile={st.percentile:g}, "
             f"num_bits={st.num_bits}, choices={self.choices})"
         )
-
-
-def histogram_of(explorer: CalibrationExplorer) -> str:
-    """The explorer's current histogram as SVG text."""
-    st = explorer.state
-    return histogram_svg(explorer._data(), log=st.log, highlight=st.method)

@@ -37,6 +37,7 @@ from torch import nn
 
 from qviz.engine.graph.capture import export
 from qviz.engine.observers import HistogramObserver
+from qviz.engine.pt2e.plan import plan_of, require_plan
 from qviz.engine.pt2e.range_choice import choose_range
 from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator
@@ -45,7 +46,7 @@ from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError, closest_names
 from qviz.viz.histograms import HistogramData, QuantGrid, histogram_data
 
-__all__ = ["METHODS", "PlanSource", "QuantizerSource", "merge", "source_for"]
+__all__ = ["METHODS", "PlanSource", "QuantizerSource", "label_of", "merge", "source_for"]
 
 #: Every method the explorer offers (a source offers those it can compute).
 METHODS = ("max", "percentile", "entropy", "mse", "l2")
@@ -70,12 +71,23 @@ def merge(parts: list[HistogramData]) -> HistogramData:
     )
 
 
+def label_of(observer: str, members: list[str]) -> str:
+    """Dropdown text: the observer and the first tensor it observes.
+
+    Example:
+        >>> label_of("activation_post_process_3", ["relu_2", "relu_2 -> max_pool2d"])
+        'activation_post_process_3: relu_2 (+1)'
+    """
+    more = f" (+{len(members) - 1})" if len(members) > 1 else ""
+    return f"{observer}: {members[0]}{more}" if members else observer
+
+
 def _bits(obs: HistogramObserver) -> int:
     return int(obs.quant_max - obs.quant_min).bit_length()
 
 
 class PlanSource:
-    """The HistogramObservers of a model from :func:`qviz.prepare_pt2e` (read from ``.plan``)."""
+    """The HistogramObservers of a model from :func:`qviz.prepare_pt2e` (read from its plan)."""
 
     methods = METHODS
     choice_label = "user choice"
@@ -83,8 +95,8 @@ class PlanSource:
     redraw_after_choice = False  # the markers say the sharing group, not the range
 
     def __init__(self, model: Any) -> None:
-        plan = getattr(model, "plan", None)
-        if plan is None or not hasattr(plan, "groups"):
+        plan = plan_of(model)
+        if plan is None:
             raise ConfigError(
                 f"CalibrationExplorer needs a calibrated model from qviz.prepare_pt2e (with "
                 f".plan) or a calibrated model of quant_nn layers (TensorQuantizers), got "
@@ -110,7 +122,7 @@ class PlanSource:
             return name
         producer, _, consumer = (s.strip() for s in name.partition("->"))
         try:
-            group = self.model.plan.group_of(producer, consumer or None)
+            group = self._current().group_of(producer, consumer or None)
         except ConfigError:
             raise ConfigError(
                 f"{name!r} is neither a HistogramObserver ({', '.join(self.names)}) nor a "
@@ -158,11 +170,11 @@ class PlanSource:
 
     def choices(self) -> dict[str, str]:
         """``{observer: method}`` for every range the user chose (read from the plan)."""
-        return {g.observer: g.choice for g in self.model.plan.groups if g.choice}
+        return {g.observer: g.choice for g in self._current().groups if g.choice}
 
     def overrides(self) -> dict[str, dict[str, Any]]:
         """The choices as OverrideQuantizer overrides (see ``CalibrationExplorer.overrides``)."""
-        plan = self.model.plan
+        plan = self._current()
         out: dict[str, dict[str, Any]] = {}
         for group in plan.groups:
             if not group.choice:
@@ -178,14 +190,16 @@ class PlanSource:
 
     def options(self) -> list[tuple[str, str]]:
         """Dropdown entries ``(label, observer)``: the observer and what it observes."""
-        from qviz.widgets.explorer_view import label_of
-
-        groups = {g.observer: g for g in self.model.plan.groups}
+        groups = {g.observer: g for g in self._current().groups}
         return [(label_of(n, [str(m) for m in groups[n].members]), n) for n in self.names]
 
     def graph_model(self) -> Any:
         """The graph module to draw."""
         return self.model
+
+    def _current(self) -> Any:
+        """The model's plan now (a choice replaces it: :func:`choose_range`)."""
+        return require_plan(self.model, "CalibrationExplorer")
 
 
 def _method_of(amax_method: str | None) -> tuple[str | None, float | None]:

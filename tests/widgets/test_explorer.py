@@ -24,7 +24,7 @@ def test_opens_on_the_first_histogram_observer(explorer):
     assert len(explorer.observers) == 8 and explorer.state.observer == explorer.observers[0]
     assert explorer.state.method == "l2" and explorer.state.num_bits == 8
     assert [r["method"] for r in explorer.rows] == ["max", "percentile", "entropy", "mse", "l2"]
-    assert explorer._graph is not None and explorer._graph.svg.startswith("<svg")
+    assert explorer.view.graph is not None and explorer.view.graph.svg.startswith("<svg")
 
 
 def test_select_by_tensor_and_lines_match_the_calibrator(explorer):
@@ -43,7 +43,7 @@ def test_percentile_slider_moves_the_percentile_range(explorer):
     explorer.set(percentile=99.999)
     high = next(r for r in explorer.rows if r["method"] == "percentile")["high"]
     assert high > low
-    assert "font-weight:bold" in explorer._table.value  # the considered row is highlighted
+    assert "font-weight:bold" in explorer.view.table.value  # the considered row is highlighted
 
 
 def test_fewer_bits_pick_coarser_grids(explorer):
@@ -58,7 +58,7 @@ def test_use_this_range_reaches_the_plan_and_convert(explorer):
     expected = obs.calculate_qparams(method="entropy")
     record = explorer.use_range()
     assert record.choice == "entropy" and explorer.choices == {explorer.state.observer: "entropy"}
-    assert "★" in explorer._table.value
+    assert "★" in explorer.view.table.value
     assert [r["method"] for r in explorer.rows][-1] == "l2"  # still offered after a choice
     qp = qviz.convert_pt2e(explorer.model).plan.group_of("relu_2").qparams
     assert (qp.scale, qp.zero_point) == (float(expected[0]), int(expected[1]))
@@ -74,7 +74,7 @@ def test_refusals_keep_the_state_and_say_why(explorer):
     before = explorer.state
     explorer.set(method="median")
     assert explorer.state == before and "method 'median'" in explorer.error
-    assert "⚠" in explorer._status.value
+    assert "⚠" in explorer.view.status.value
     explorer.set(num_bits=4)
     assert explorer.use_range() is None and "only explores" in explorer.error
     assert explorer.choices == {}
@@ -96,13 +96,13 @@ def _button(widget, description):
 
 
 def test_controls_call_the_python_equivalents(explorer):
-    explorer._method.value = "mse"
+    explorer.view.method.value = "mse"
     assert explorer.state.method == "mse"
-    explorer._observer.value = explorer.observers[3]
+    explorer.view.observer.value = explorer.observers[3]
     assert explorer.state.observer == explorer.observers[3]
-    explorer._graph.selected = "relu_2"  # a click on the graph
+    explorer.view.graph.selected = "relu_2"  # a click on the graph
     assert explorer.state.observer == explorer.model.plan.group_of("relu_2").observer
-    explorer._method.value = "entropy"
+    explorer.view.method.value = "entropy"
     _button(explorer.widget, "Use this range").click()
     assert explorer.choices == {explorer.state.observer: "entropy"}
 
@@ -110,7 +110,7 @@ def test_controls_call_the_python_equivalents(explorer):
 def test_observers_without_switchable_statistics_show_their_own_method(calibrated_digits):
     ex = CalibrationExplorer(calibrated_digits(switchable=False), graph=False)
     assert [r["method"] for r in ex.rows] == ["l2"]
-    assert "switchable=True" in ex._status.value
+    assert "switchable=True" in ex.view.status.value
     ex.set(method="entropy")
     assert ex.use_range() is None and "switchable=True" in ex.error
 
@@ -150,7 +150,7 @@ def _float_graph():
 
 
 def test_module_clicks_fold_the_graph(explorer):
-    explorer._graph.module_click = {"path": "block", "n": 1}
-    assert "module/block" in explorer._graph.svg
-    explorer._graph.module_click = {"path": "block", "n": 2}
-    assert "module/block" not in explorer._graph.svg
+    explorer.view.graph.module_click = {"path": "block", "n": 1}
+    assert "module/block" in explorer.view.graph.svg
+    explorer.view.graph.module_click = {"path": "block", "n": 2}
+    assert "module/block" not in explorer.view.graph.svg

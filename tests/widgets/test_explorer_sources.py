@@ -47,8 +47,8 @@ def test_lists_the_calibrated_quantizers_and_opens_on_the_first(explorer, model)
     assert "pool._input_quantizer" not in explorer.observers
     state = explorer.state
     assert (state.observer, state.method) == ("stem.0._input_quantizer", "entropy")
-    assert explorer._method.options == ("max", "percentile", "entropy", "mse")  # no l2
-    assert explorer._observer.options[1] == (
+    assert explorer.view.method.options == ("max", "percentile", "entropy", "mse")  # no l2
+    assert explorer.view.observer.options[1] == (
         "stem.0._weight_quantizer (max)",
         "stem.0._weight_quantizer",
     )
@@ -64,8 +64,8 @@ def test_a_histogram_quantizer_shows_every_method_and_its_loaded_amax(explorer, 
         assert _line_x(explorer.svg, f"method:{method}") == pytest.approx(expected, rel=1e-5)
     assert _line_x(explorer.svg, "observer:range") == pytest.approx(float(tq.amax), rel=1e-5)
     assert "conv2.0._input_quantizer: |x| of" in explorer.svg
-    assert "amax from: <b>entropy</b>" in explorer._status.value
-    assert "entropy ★" in explorer._table.value
+    assert "amax from: <b>entropy</b>" in explorer.view.status.value
+    assert "entropy ★" in explorer.view.table.value
 
 
 def test_a_max_quantizer_shows_its_max_and_refuses_other_methods(explorer, model):
@@ -76,8 +76,8 @@ def test_a_max_quantizer_shows_its_max_and_refuses_other_methods(explorer, model
     largest = float(tq.calibrator.compute_amax().max())
     assert row["method"] == "max" and row["amax"] == pytest.approx(largest)
     assert row["scale"] == pytest.approx(largest / 127)
-    assert "MaxCalibrator keeps only the running max" in explorer._status.value
-    assert "64 channels" in explorer._status.value
+    assert "MaxCalibrator keeps only the running max" in explorer.view.status.value
+    assert "64 channels" in explorer.view.status.value
     assert explorer.set(method="entropy").use_range() is None
     assert "MaxCalibrator" in explorer.error and "calibrate_quantizers" in explorer.error
 
@@ -90,7 +90,7 @@ def test_use_this_range_loads_the_amax_and_the_choice_reads_back(explorer, model
     expected = float(tq.calibrator.compute_amax("percentile", percentile=99.9))
     assert float(tq.amax) == pytest.approx(expected) and record.amax == pytest.approx((expected,))
     assert explorer.choices["block.conv1._input_quantizer"] == "percentile 99.9"
-    assert "percentile ★" in explorer._table.value
+    assert "percentile ★" in explorer.view.table.value
 
 
 def test_apply_to_all_reaches_every_histogram_quantizer(explorer, model):
@@ -128,11 +128,11 @@ def test_an_uncalibrated_model_is_refused():
 
 def test_the_graph_needs_example_inputs_and_clicks_pick_quantizers(model):
     without = CalibrationExplorer(model)
-    assert without._graph is None and "example_inputs" in without._status.value
+    assert without.view.graph is None and "example_inputs" in without.view.status.value
     ex = CalibrationExplorer(model, example_inputs=(X,))
-    assert "tq/fc._input_quantizer" in ex._graph.svg
-    ex._graph.selected = "tq/fc._input_quantizer"  # a click on its marker
+    assert "tq/fc._input_quantizer" in ex.view.graph.svg
+    ex.view.graph.selected = "tq/fc._input_quantizer"  # a click on its marker
     assert ex.state.observer == "fc._input_quantizer"
     ex.set(method="max").use_range()
     amax = float(model.fc._input_quantizer.amax)
-    assert f"int8 amax={amax:.3g} scale={amax / 127:.3g} max" in ex._graph.svg  # drawn afresh
+    assert f"int8 amax={amax:.3g} scale={amax / 127:.3g} max" in ex.view.graph.svg  # drawn afresh
