@@ -40,6 +40,7 @@ from torch.fx import GraphModule
 from qviz.engine.pt2e.prepare import prepare_pt2e
 from qviz.engine.quantizers.override import OverrideQuantizer, normalize_overrides
 from qviz.errors import ConfigError, QvizError
+from qviz.widgets.editor_view import EditorView
 from qviz.widgets.folding import Folding
 
 __all__ = ["AnnotationEditor"]
@@ -75,6 +76,7 @@ class AnnotationEditor:
         selection: the selected node, edge (``"a -> b"``) or module (``"module/<path>"``).
         error: the last refused edit's message, or None.
         prepared: the prepared model of the current edits (its ``.plan`` is the plan shown).
+        view: its :class:`~qviz.widgets.editor_view.EditorView` (the ipywidgets).
         widget: the ipywidgets box (the editor also renders itself in Jupyter).
     """
 
@@ -98,12 +100,11 @@ class AnnotationEditor:
         self._undo: list[dict[str, dict[str, Any]]] = []
         self._redo: list[dict[str, dict[str, Any]]] = []
         self.selection = ""
-        self._pending_reset = False
         self.error: str | None = None
         self.prepared = prepare_pt2e(exported_model, self.quantizer)
         self._folding = Folding(exported_model)
-        self._build(graph)
-        self._refresh()
+        self.view = EditorView(self, with_graph=graph)
+        self.view.refresh()
 
     # -- what the edits amount to ----------------------------------------------------------------
     @property
@@ -154,10 +155,8 @@ class AnnotationEditor:
         except QvizError as exc:
             self.error = str(exc)
         else:
-            if selection != self.selection:
-                self._pending_reset = True  # controls set for the old selection do not carry
             self.selection = selection
-        self._refresh(redraw=False)
+        self.view.refresh(redraw=False)
         return self
 
     def edit(self, name: str, **changes: Any) -> AnnotationEditor:
@@ -176,6 +175,16 @@ class AnnotationEditor:
         """Drop every edit of ``name``."""
         candidate = {k: v for k, v in self.overrides.items() if k != name}
         return self._apply(candidate)
+
+    @property
+    def can_undo(self) -> bool:
+        """Whether :meth:`undo` has an edit to take back."""
+        return bool(self._undo)
+
+    @property
+    def can_redo(self) -> bool:
+        """Whether :meth:`redo` has an edit to re-apply."""
+        return bool(self._redo)
 
     def undo(self) -> AnnotationEditor:
         """Go back one edit (nothing happens when there is none)."""
@@ -196,7 +205,7 @@ class AnnotationEditor:
         submodules that have submodules of their own stay collapsed)."""
         self.error = None
         self._folding.toggle(path)
-        self._refresh()
+        self.view.refresh()
         return self
 
     @property
@@ -221,19 +230,19 @@ class AnnotationEditor:
             prepared = prepare_pt2e(self.model, OverrideQuantizer(self.base, candidate))
         except QvizError as exc:
             self.error = str(exc)
-            self._refresh(redraw=False)
+            self.view.refresh(redraw=False)
             return self
         self._undo.append(self.overrides)
         self._redo.clear()
         self.overrides, self.prepared, self.error = candidate, prepared, None
-        self._refresh()
+        self.view.refresh()
         return self
 
     def _replan(self, overrides: dict[str, dict[str, Any]]) -> None:
         self.overrides = overrides
         self.prepared = prepare_pt2e(self.model, self.quantizer)  # was valid before
         self.error = None
-        self._refresh()
+        self.view.refresh()
 
     def _check_name(self, name: str) -> str:
         name = name.strip()
@@ -250,15 +259,10 @@ class AnnotationEditor:
             f"{name!r} is not a node, edge ('producer -> consumer') or module of this model"
         )
 
-    def _build(self, with_graph: bool) -> None:
-        from qviz.widgets.editor_view import build_view
-
-        build_view(self, with_graph)
-
-    def _refresh(self, redraw: bool = True) -> None:
-        from qviz.widgets.editor_view import refresh_view
-
-        refresh_view(self, redraw)
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets box of the editor (its :attr:`view`'s)."""
+        return self.view.widget
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)

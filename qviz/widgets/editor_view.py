@@ -1,6 +1,7 @@
-"""The ipywidgets of :class:`~qviz.widgets.editor.AnnotationEditor`: the graph on the left, the
-selection's annotation and the controls on the right. Controls only call the editor's Python
-methods; :func:`refresh_view` redraws from the editor's state.
+"""The view of :class:`~qviz.widgets.editor.AnnotationEditor`: :class:`EditorView` owns its
+ipywidgets, the graph on the left, the selection's annotation and the controls on the right.
+Controls only call the editor's Python methods; :meth:`EditorView.refresh` redraws from the
+editor's state.
 
 Example:
     >>> changes_from({"dtype": "int4 (int8 storage, -8..7)", "qscheme": KEEP, "observer": KEEP,
@@ -12,9 +13,13 @@ Example:
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["KEEP", "NONE", "build_view", "changes_from", "refresh_view"]
+from qviz.widgets.editor_panel import panel_html
+from qviz.widgets.graph_panel import linked_graph
+from qviz.widgets.layout import row, split
+
+__all__ = ["KEEP", "NONE", "Editor", "EditorView", "changes_from"]
 
 KEEP = "(keep)"
 NONE = "(none)"
@@ -46,130 +51,172 @@ def changes_from(values: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-def build_view(editor: Any, with_graph: bool) -> None:
-    """Create the graph widget and the controls, wired to the editor's Python methods."""
-    import ipywidgets as w
+class Editor(Protocol):
+    """What :class:`EditorView` reads and calls: the public surface of an AnnotationEditor."""
 
-    from qviz.widgets.layout import row, split
+    model: Any
+    prepared: Any
+    selection: str
+    error: str | None
+    collapsed: list[str]
 
-    c = {
-        "target": w.Dropdown(
-            description="edit", options=[""], layout=w.Layout(width="340px", max_width="100%")
-        ),
-        "quantize": w.Checkbox(value=True, description="quantize"),
-        "dtype": w.Dropdown(options=_DTYPES, description="dtype"),
-        "qscheme": w.Dropdown(options=_QSCHEMES, description="qscheme"),
-        "observer": w.Dropdown(options=_OBSERVERS, description="observer"),
-        "method": w.Dropdown(options=_METHODS, description="method"),
-        "share_with": w.Dropdown(options=[NONE], description="share with"),
-        "fixed": w.Checkbox(value=False, description="fixed qparams"),
-        "scale": w.FloatText(value=1 / 256, description="scale", layout=w.Layout(width="170px")),
-        "zero_point": w.IntText(value=0, description="zero_point", layout=w.Layout(width="170px")),
-    }
-    editor._controls = c
-    buttons = {
-        name: w.Button(description=name, button_style=style)
-        for name, style in (("Apply", "primary"), ("Undo", ""), ("Redo", ""), ("Reset", ""))
-    }
-    buttons["Apply"].on_click(lambda _: _apply(editor))
-    buttons["Undo"].on_click(lambda _: editor.undo())
-    buttons["Redo"].on_click(lambda _: editor.redo())
-    buttons["Reset"].on_click(lambda _: editor.reset(c["target"].value))
-    editor._buttons = buttons
-    editor._panel = w.HTML()
-    editor._code = w.HTML()
-    code_box = w.Accordion(children=[editor._code], titles=("Python",))
-    controls = w.VBox(
-        [editor._panel, c["target"], c["quantize"], c["dtype"], c["qscheme"], c["observer"],
-         c["method"], c["share_with"], row([c["fixed"], c["scale"], c["zero_point"]]),
-         row(list(buttons.values())), code_box],
-    )  # fmt: skip
-    editor._graph = _graph_widget(editor) if with_graph else None
-    editor.widget = split(editor._graph, controls)
+    @property
+    def plan(self) -> Any: ...
+
+    @property
+    def can_undo(self) -> bool: ...
+
+    @property
+    def can_redo(self) -> bool: ...
+
+    def describe(self, name: str | None = None) -> dict[str, Any]: ...
+
+    def to_code(self) -> str: ...
+
+    def select(self, name: str) -> Any: ...
+
+    def edit(self, name: str, **changes: Any) -> Any: ...
+
+    def reset(self, name: str) -> Any: ...
+
+    def undo(self) -> Any: ...
+
+    def redo(self) -> Any: ...
+
+    def toggle_module(self, path: str) -> Any: ...
 
 
-def _graph_widget(editor: Any) -> Any:
-    from qviz.widgets.graph_widget import GraphWidget
+class EditorView:
+    """The editor's graph, annotation panel, edit controls, buttons and Python code.
 
-    widget = GraphWidget()
+    Args:
+        editor: the editor shown (its public methods are what the controls call).
+        with_graph: draw the prepared model beside the panel.
 
-    def on_select(change: dict[str, Any]) -> None:
-        if change["new"] and change["new"] != editor.selection:
-            editor.select(change["new"])
+    Attributes:
+        widget: the ipywidgets box shown in Jupyter.
+        graph: the :class:`~qviz.widgets.graph_widget.GraphWidget` (None without a graph).
+        controls: the edit controls by name (``"target"``, ``"dtype"``, ``"quantize"``, ...).
+        buttons: ``"Apply"``, ``"Undo"``, ``"Redo"``, ``"Reset"``.
+        panel, code: the selection's annotation and the Python that rebuilds the quantizer.
 
-    def on_module(change: dict[str, Any]) -> None:
-        path = (change["new"] or {}).get("path")
-        if path:
-            editor.toggle_module(path)
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.widgets.editor import AnnotationEditor
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),))
+        >>> view = AnnotationEditor(gm, graph=False).select("linear").view
+        >>> view.controls["target"].value, view.buttons["Undo"].disabled
+        ('linear', True)
+    """
 
-    widget.observe(on_select, "selected")
-    widget.observe(on_module, "module_click")
-    return widget
+    def __init__(self, editor: Editor, *, with_graph: bool) -> None:
+        import ipywidgets as w
 
+        self._editor = editor
+        self._shown_selection = editor.selection
+        c = {
+            "target": w.Dropdown(
+                description="edit", options=[""], layout=w.Layout(width="340px", max_width="100%")
+            ),
+            "quantize": w.Checkbox(value=True, description="quantize"),
+            "dtype": w.Dropdown(options=_DTYPES, description="dtype"),
+            "qscheme": w.Dropdown(options=_QSCHEMES, description="qscheme"),
+            "observer": w.Dropdown(options=_OBSERVERS, description="observer"),
+            "method": w.Dropdown(options=_METHODS, description="method"),
+            "share_with": w.Dropdown(options=[NONE], description="share with"),
+            "fixed": w.Checkbox(value=False, description="fixed qparams"),
+            "scale": w.FloatText(
+                value=1 / 256, description="scale", layout=w.Layout(width="170px")
+            ),
+            "zero_point": w.IntText(
+                value=0, description="zero_point", layout=w.Layout(width="170px")
+            ),
+        }
+        self.controls = c
+        self.buttons = {
+            name: w.Button(description=name, button_style=style)
+            for name, style in (("Apply", "primary"), ("Undo", ""), ("Redo", ""), ("Reset", ""))
+        }
+        self.buttons["Apply"].on_click(lambda _: self._apply())
+        self.buttons["Undo"].on_click(lambda _: editor.undo())
+        self.buttons["Redo"].on_click(lambda _: editor.redo())
+        self.buttons["Reset"].on_click(lambda _: editor.reset(c["target"].value))
+        self.panel, self.code = w.HTML(), w.HTML()
+        code_box = w.Accordion(children=[self.code], titles=("Python",))
+        controls = w.VBox(
+            [self.panel, c["target"], c["quantize"], c["dtype"], c["qscheme"], c["observer"],
+             c["method"], c["share_with"], row([c["fixed"], c["scale"], c["zero_point"]]),
+             row(list(self.buttons.values())), code_box],
+        )  # fmt: skip
+        self.graph = (
+            linked_graph(self._clicked, editor.toggle_module, modules_select=True)
+            if with_graph
+            else None
+        )
+        self.widget = split(self.graph, controls)
 
-def _apply(editor: Any) -> None:
-    c = editor._controls
-    target = c["target"].value
-    if not target:
-        editor.error = "select a node, an edge or a module first"
-        refresh_view(editor, redraw=False)
-        return
-    values = {k: v.value for k, v in c.items() if k != "target"}
-    changes = changes_from(values)
-    if not changes:
-        editor.error = "nothing to apply: change a control first"
-        refresh_view(editor, redraw=False)
-        return
-    editor.edit(target, **changes)
-    if editor.error is None:
-        _reset_controls(editor)
+    def refresh(self, redraw: bool = True) -> None:
+        """Redraw the graph (when the plan changed) and the panel from the editor's state."""
+        from qviz.viz import graph
 
+        editor = self._editor
+        if redraw and self.graph is not None:
+            self.graph.show(graph(editor.prepared, collapse=list(editor.collapsed) or None))
+        if self.graph is not None and self.graph.selected != editor.selection:
+            self.graph.selected = editor.selection
+        if editor.selection != self._shown_selection:  # controls set for the old selection
+            self._reset_controls()
+            self._shown_selection = editor.selection
+        info = editor.describe()
+        self.panel.value = panel_html(info, editor.error)
+        c = self.controls
+        targets = self._targets(info)
+        c["target"].options = targets
+        c["target"].value = targets[0]
+        tensors = [NONE] + [str(r.tensor) for r in editor.plan.tensors]
+        if list(c["share_with"].options) != tensors:
+            c["share_with"].options = tensors
+        self.buttons["Undo"].disabled = not editor.can_undo
+        self.buttons["Redo"].disabled = not editor.can_redo
+        self.code.value = f"<pre>{html.escape(editor.to_code())}</pre>"
 
-def _reset_controls(editor: Any) -> None:
-    c = editor._controls
-    for key in ("dtype", "qscheme", "observer", "method"):
-        c[key].value = KEEP
-    c["share_with"].value = NONE
-    c["quantize"].value, c["fixed"].value = True, False
+    def _clicked(self, name: str) -> None:
+        if name != self._editor.selection:
+            self._editor.select(name)
 
+    def _apply(self) -> None:
+        editor, c = self._editor, self.controls
+        target = c["target"].value
+        if not target:
+            editor.error = "select a node, an edge or a module first"
+            self.refresh(redraw=False)
+            return
+        changes = changes_from({k: v.value for k, v in c.items() if k != "target"})
+        if not changes:
+            editor.error = "nothing to apply: change a control first"
+            self.refresh(redraw=False)
+            return
+        editor.edit(target, **changes)
+        if editor.error is None:
+            self._reset_controls()
 
-def _targets(editor: Any, info: dict[str, Any]) -> list[str]:
-    """The keys an edit of the selection can address: itself, its tensors, module, op type."""
-    name = info["name"]
-    if not name:
-        return [""]
-    keys = [name]
-    keys += [r["tensor"] for r in info["rows"] if r["tensor"] != name]
-    if info.get("module"):
-        keys.append(info["module"])
-    node = next((n for n in editor.model.graph.nodes if n.name == name), None)
-    if node is not None and node.op == "call_function":
-        keys.append("op:" + getattr(node.target, "__name__", str(node.target)).split(".")[0])
-    return list(dict.fromkeys(keys))
+    def _reset_controls(self) -> None:
+        c = self.controls
+        for key in ("dtype", "qscheme", "observer", "method"):
+            c[key].value = KEEP
+        c["share_with"].value = NONE
+        c["quantize"].value, c["fixed"].value = True, False
 
-
-def refresh_view(editor: Any, redraw: bool = True) -> None:
-    """Redraw the graph (when the plan changed) and the panel from the editor's state."""
-    from qviz.viz import graph
-    from qviz.widgets.editor_panel import panel_html
-
-    if redraw and editor._graph is not None:
-        collapse = list(editor.collapsed) or None
-        editor._graph.show(graph(editor.prepared, collapse=collapse))
-    if editor._graph is not None and editor._graph.selected != editor.selection:
-        editor._graph.selected = editor.selection
-    if editor._pending_reset:
-        _reset_controls(editor)
-        editor._pending_reset = False
-    info = editor.describe()
-    editor._panel.value = panel_html(info, editor.error)
-    c = editor._controls
-    targets = _targets(editor, info)
-    c["target"].options = targets
-    c["target"].value = targets[0]
-    tensors = [NONE] + [str(r.tensor) for r in editor.plan.tensors]
-    if list(c["share_with"].options) != tensors:
-        c["share_with"].options = tensors
-    editor._buttons["Undo"].disabled = not editor._undo
-    editor._buttons["Redo"].disabled = not editor._redo
-    editor._code.value = f"<pre>{html.escape(editor.to_code())}</pre>"
+    def _targets(self, info: dict[str, Any]) -> list[str]:
+        """The keys an edit of the selection can address: itself, its tensors, module, op."""
+        name = info["name"]
+        if not name:
+            return [""]
+        keys = [name]
+        keys += [r["tensor"] for r in info["rows"] if r["tensor"] != name]
+        if info.get("module"):
+            keys.append(info["module"])
+        node = next((n for n in self._editor.model.graph.nodes if n.name == name), None)
+        if node is not None and node.op == "call_function":
+            keys.append("op:" + getattr(node.target, "__name__", str(node.target)).split(".")[0])
+        return list(dict.fromkeys(keys))

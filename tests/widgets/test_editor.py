@@ -25,28 +25,28 @@ def test_select_shows_the_annotation_from_the_plan(editor):
     assert info["kind"] == "node" and info["module"] == "block"
     assert [r["tensor"] for r in info["rows"]] == ["relu -> add", "conv2d_2 -> add"]
     assert all(r["dtype"] == "int8" and r["range"] == "[-128, 127]" for r in info["rows"])
-    assert "relu -&gt; add" in editor._panel.value
-    assert editor._controls["target"].options[:3] == ("add", "relu -> add", "conv2d_2 -> add")
-    assert editor._graph.selected == "add"  # the graph outlines what the panel shows
+    assert "relu -&gt; add" in editor.view.panel.value
+    assert editor.view.controls["target"].options[:3] == ("add", "relu -> add", "conv2d_2 -> add")
+    assert editor.view.graph.selected == "add"  # the graph outlines what the panel shows
 
 
 def test_sharing_edit_changes_the_groups_and_the_drawing(editor):
-    svg_before, groups_before = editor._graph.svg, len(editor.plan.groups)
+    svg_before, groups_before = editor.view.graph.svg, len(editor.plan.groups)
     editor.edit("conv2d_2 -> add", share_with="relu -> add")
     plan = editor.plan
     assert plan.group_of("conv2d_2", "add").group == plan.group_of("relu", "add").group
     assert len(plan.groups) == groups_before - 1
-    assert editor._graph.svg != svg_before and editor.error is None
+    assert editor.view.graph.svg != svg_before and editor.error is None
     assert editor.overrides == {"conv2d_2 -> add": {"share_with": "relu -> add"}}
 
 
 def test_refused_edits_keep_everything_and_say_why(editor):
     editor.edit("relu", dtype="uint8")
-    plan, svg = str(editor.plan), editor._graph.svg
+    plan, svg = str(editor.plan), editor.view.graph.svg
     editor.edit("relu", quant_min=-5)
-    assert "does not fit torch.uint8" in editor.error and "⚠" in editor._panel.value
+    assert "does not fit torch.uint8" in editor.error and "⚠" in editor.view.panel.value
     assert editor.overrides == {"relu": {"dtype": "uint8"}}
-    assert str(editor.plan) == plan and editor._graph.svg == svg
+    assert str(editor.plan) == plan and editor.view.graph.svg == svg
     editor.edit("conv2d_9", dtype="uint8")
     assert "names no node" in editor.error and "closest" in editor.error
     editor.edit("relu -> add", share_with="relu -> add")  # a sharing cycle
@@ -64,7 +64,7 @@ def test_undo_redo(editor):
         ("linear", "user fallback")
     ]
     editor.undo().undo()
-    assert editor.overrides == {} and editor._buttons["Undo"].disabled
+    assert editor.overrides == {} and editor.view.buttons["Undo"].disabled
     assert editor.undo().overrides == {}  # nothing more to undo
 
 
@@ -82,22 +82,22 @@ def test_the_quantizer_and_the_code_reproduce_the_edits(editor, gm):
 
 
 def test_controls_and_graph_clicks_drive_the_editor(editor):
-    editor._graph.selected = "relu_3"  # a click in the graph
+    editor.view.graph.selected = "relu_3"  # a click in the graph
     assert editor.selection == "relu_3"
-    c = editor._controls
+    c = editor.view.controls
     c["dtype"].value = "int4 (int8 storage, -8..7)"
     c["method"].value = "entropy"
-    editor._buttons["Apply"].click()
+    editor.view.buttons["Apply"].click()
     assert editor.overrides == {
         "relu_3": {"dtype": "int8", "quant_min": -8, "quant_max": 7, "method": "entropy"}
     }
     spec = editor.plan.group_of("relu_3").spec
     assert (spec.quant_min, spec.quant_max) == (-8, 7)
     assert c["dtype"].value == "(keep)"  # the controls reset after a successful apply
-    editor._graph.module_click = {"path": "block", "n": 1}  # a click on a module cluster
-    assert editor.collapsed == ["block"] and "module/block" in editor._graph.svg
-    editor._graph.module_click = {"path": "block", "n": 2}
-    assert editor.collapsed == [] and "module/block" not in editor._graph.svg
+    editor.view.graph.module_click = {"path": "block", "n": 1}  # a click on a module cluster
+    assert editor.collapsed == ["block"] and "module/block" in editor.view.graph.svg
+    editor.view.graph.module_click = {"path": "block", "n": 2}
+    assert editor.collapsed == [] and "module/block" not in editor.view.graph.svg
 
 
 def test_the_float_model_is_never_changed(editor, gm):
@@ -115,7 +115,7 @@ def test_big_models_open_collapsed():
     big = qviz.export(model, (torch.randn(1, 3, 32, 32),))
     editor = AnnotationEditor(big)
     assert {"layer1", "layer2", "layer3", "layer4"} <= set(editor.collapsed)
-    assert "module/layer1" in editor._graph.svg
+    assert "module/layer1" in editor.view.graph.svg
     editor.toggle_module("layer1")
     assert "layer1" not in editor.collapsed and "layer1.0" in editor.collapsed
 
@@ -135,11 +135,11 @@ def test_a_backend_config_quantizer_as_base_refuses_what_the_backend_cannot_run(
     editor = AnnotationEditor(
         model, quantizer=api.BackendConfigQuantizer(tutorial_backend(api), mapping)
     )
-    plan, svg = str(editor.plan), editor._graph.svg
+    plan, svg = str(editor.plan), editor.view.graph.svg
     editor.edit("linear", dtype="int16")  # the backend runs Linear with quint8 only
     assert "backend 'my_backend' cannot run Linear as annotated" in editor.error
     assert "the output's activation dtype is int16, the backend's is quint8" in editor.error
-    assert "⚠" in editor._panel.value
-    assert editor.overrides == {} and str(editor.plan) == plan and editor._graph.svg == svg
+    assert "⚠" in editor.view.panel.value
+    assert editor.overrides == {} and str(editor.plan) == plan and editor.view.graph.svg == svg
     editor.edit("linear", quantize=False)  # leaving it float is always possible
     assert editor.error is None and "linear" in {f.node for f in editor.plan.float_nodes}
