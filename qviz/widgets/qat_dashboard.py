@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qviz.errors import ConfigError
+from qviz.widgets.qat_dashboard_view import QATDashboardView
 
 __all__ = ["QATDashboard"]
 
@@ -66,6 +67,7 @@ class QATDashboard:
         shown_step: the step the view shows.
         renders: how many times it has been drawn (the first when created).
         last_render_s: seconds the last redraw took; ``render_s``: all of them together.
+        view: its :class:`~qviz.widgets.qat_dashboard_view.QATDashboardView` (the ipywidgets).
         widget: the ipywidgets box (the dashboard also renders itself in Jupyter).
 
     Raises:
@@ -109,7 +111,7 @@ class QATDashboard:
         self._opened = clock()
         self._next = -math.inf  # the earliest time of the next throttled redraw
         self._latest = _latest_records(monitor)
-        self._build()
+        self.view = QATDashboardView(self)
         self.refresh()
         monitor.add_callback(self._on_step)
 
@@ -125,10 +127,8 @@ class QATDashboard:
 
     def refresh(self) -> QATDashboard:
         """Redraw now, whatever the throttle says (e.g. after the loop, to show the last step)."""
-        from qviz.widgets.qat_dashboard_view import refresh_view
-
         start = time.perf_counter()
-        refresh_view(self)
+        self.view.refresh()
         cost = time.perf_counter() - start
         self.renders += 1
         self.shown_step = self.monitor.steps
@@ -153,10 +153,10 @@ class QATDashboard:
         return self.render_s / elapsed if elapsed > 0 else 0.0
 
     # -- view ----------------------------------------------------------------------------------
-    def _build(self) -> None:
-        from qviz.widgets.qat_dashboard_view import build_view
-
-        build_view(self)
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets box of the dashboard (its :attr:`view`'s)."""
+        return self.view.widget
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)

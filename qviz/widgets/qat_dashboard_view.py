@@ -1,5 +1,6 @@
-"""The ipywidgets of :class:`~qviz.widgets.qat_dashboard.QATDashboard`: built once, refreshed
-from the monitor's latest records (pure functions turn records into HTML).
+"""The view of :class:`~qviz.widgets.qat_dashboard.QATDashboard`: :class:`QATDashboardView` owns
+its ipywidgets, built once and refreshed from the monitor's latest records (pure functions turn
+records into HTML).
 
 Example:
     >>> from qviz.numeric.qat_monitor import QATRecord
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from qviz.widgets.layout import scrolling
+from qviz.errors import QvizError
+from qviz.widgets.layout import figure_png, scrolling, split
 
-__all__ = ["build_view", "refresh_view", "status_text", "table_html"]
+__all__ = ["QATDashboardView", "QATShown", "status_text", "table_html"]
 
 _PREFIX = "activation_post_process_"
 _HEAD = ("module", "group", "scale", "zero_point", "changes", "clipped (last step)", "|x| / scale")
@@ -79,57 +81,92 @@ def table_html(records: Sequence[Any], changes: Mapping[str, int]) -> str:
     )
 
 
-def build_view(dash: Any) -> None:
-    """Create the status line, the table and the figure (an Image)."""
-    import ipywidgets as w
+class QATShown(Protocol):
+    """What :class:`QATDashboardView` reads: the public surface of a QATDashboard."""
 
-    from qviz.widgets.layout import split
+    monitor: Any
+    figure: bool
+    every: int
+    min_interval_s: float
+    renders: int
+    last_render_s: float
 
-    dash._status = w.HTML()
-    dash._status.add_class("qviz-qat-status")
-    dash._cost = w.HTML()
-    dash._table = w.HTML()
-    dash._figure = w.Image(format="png", layout=w.Layout(max_width="100%"))
-    dash._figure.add_class("qviz-qat-figure")
-    dash._figure_note = w.HTML()
-    panel = w.VBox([dash._status, dash._cost, dash._table, dash._figure_note, dash._figure])
-    dash.widget = split(None, panel)
+    @property
+    def records(self) -> tuple[Any, ...]: ...
 
-
-def refresh_view(dash: Any) -> None:
-    """Show the monitor's latest step: status, table and (unless ``figure=False``) the figure."""
-    monitor, records = dash.monitor, dash.records
-    status = status_text(monitor.steps, records)
-    if not monitor.steps:
-        status += " · waiting for the first monitor.step()"
-    dash._status.value = f"<b style='font-size:14px'>{html.escape(status)}</b>"
-    dash._table.value = table_html(records, monitor.changes) if records else ""
-    dash._cost.value = _cost_html(dash)
-    if dash.figure:
-        _refresh_figure(dash)
+    @property
+    def render_share(self) -> float: ...
 
 
-def _refresh_figure(dash: Any) -> None:
-    from qviz.errors import QvizError
-    from qviz.widgets.layout import figure_png
+class QATDashboardView:
+    """The status line, the redraw cost, the per-module table and the monitor's figure.
 
-    if not dash.monitor.steps:
-        dash._figure_note.value = "<i>the figure appears after the first step</i>"
-        return
-    try:
-        fig = dash.monitor.plot()
-    except QvizError as exc:
-        dash._figure_note.value = f'<div style="color:#b00020">⚠ {html.escape(str(exc))}</div>'
-        return
-    dash._figure.value = figure_png(fig, dpi=72)
-    dash._figure_note.value = ""
+    Args:
+        dash: the dashboard shown (its monitor, latest records and throttle settings).
 
+    Attributes:
+        widget: the ipywidgets box shown in Jupyter.
+        status, cost, table, figure, figure_note: the outputs (``figure`` an Image of PNG).
 
-def _cost_html(dash: Any) -> str:
-    throttle = f"redrawn every {dash.every} steps, at least {dash.min_interval_s:g} s apart"
-    if dash.renders:
-        throttle += (
-            f"; last redraw {dash.last_render_s * 1000:.0f} ms, "
-            f"{dash.render_share:.1%} of the time so far"
-        )
-    return f'<div style="color:#555;font-size:12px">{html.escape(throttle)}</div>'
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.numeric import QATMonitor
+        >>> from qviz.widgets.qat_dashboard import QATDashboard
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).train(), (torch.randn(2, 4),))
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_qat=True))
+        >>> view = QATDashboard(QATMonitor(qviz.prepare_qat_pt2e(gm, q)), figure=False).view
+        >>> "waiting for the first monitor.step()" in view.status.value
+        True
+    """
+
+    def __init__(self, dash: QATShown) -> None:
+        import ipywidgets as w
+
+        self._dash = dash
+        self.status = w.HTML()
+        self.status.add_class("qviz-qat-status")
+        self.cost = w.HTML()
+        self.table = w.HTML()
+        self.figure = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.figure.add_class("qviz-qat-figure")
+        self.figure_note = w.HTML()
+        panel = w.VBox([self.status, self.cost, self.table, self.figure_note, self.figure])
+        self.widget = split(None, panel)
+
+    def refresh(self) -> None:
+        """Show the monitor's latest step: status, table and (unless ``figure=False``) the
+        figure."""
+        dash = self._dash
+        monitor, records = dash.monitor, dash.records
+        status = status_text(monitor.steps, records)
+        if not monitor.steps:
+            status += " · waiting for the first monitor.step()"
+        self.status.value = f"<b style='font-size:14px'>{html.escape(status)}</b>"
+        self.table.value = table_html(records, monitor.changes) if records else ""
+        self.cost.value = self._cost_html()
+        if dash.figure:
+            self._refresh_figure()
+
+    def _refresh_figure(self) -> None:
+        monitor = self._dash.monitor
+        if not monitor.steps:
+            self.figure_note.value = "<i>the figure appears after the first step</i>"
+            return
+        try:
+            fig = monitor.plot()
+        except QvizError as exc:
+            self.figure_note.value = f'<div style="color:#b00020">⚠ {html.escape(str(exc))}</div>'
+            return
+        self.figure.value = figure_png(fig, dpi=72)
+        self.figure_note.value = ""
+
+    def _cost_html(self) -> str:
+        dash = self._dash
+        throttle = f"redrawn every {dash.every} steps, at least {dash.min_interval_s:g} s apart"
+        if dash.renders:
+            throttle += (
+                f"; last redraw {dash.last_render_s * 1000:.0f} ms, "
+                f"{dash.render_share:.1%} of the time so far"
+            )
+        return f'<div style="color:#555;font-size:12px">{html.escape(throttle)}</div>'

@@ -55,26 +55,29 @@ def trained():
 def test_after_n_steps_the_view_shows_step_n_and_the_latest_records(trained):
     monitor, train, _ = trained
     dash = QATDashboard(monitor, every=1, min_interval_s=0, max_share=1)  # no time throttle
-    assert "waiting for the first monitor.step()" in dash._status.value
-    assert bytes(dash._figure.value) == b"" and "after the first step" in dash._figure_note.value
+    assert "waiting for the first monitor.step()" in dash.view.status.value
+    assert (
+        bytes(dash.view.figure.value) == b""
+        and "after the first step" in dash.view.figure_note.value
+    )
     train(1)
-    first_png = bytes(dash._figure.value)
-    assert first_png.startswith(PNG) and dash._figure_note.value == ""
+    first_png = bytes(dash.view.figure.value)
+    assert first_png.startswith(PNG) and dash.view.figure_note.value == ""
     train(2)
     assert dash.shown_step == 3 and dash.renders == 4  # created + one per step
     loss = monitor.records[-1].loss
-    assert f"step 3 · loss {loss:.4g} · metric 0.5" in dash._status.value
+    assert f"step 3 · loss {loss:.4g} · metric 0.5" in dash.view.status.value
     assert dash.records == tuple(r for r in monitor.records if r.step == 3)
-    table = dash._table.value
+    table = dash.view.table.value
     assert table.count("<tr>") == 1 + len(monitor.modules)  # header + one row per module
     for record in dash.records:
         assert record.name.removeprefix("activation_post_process_") in table
         assert f"{record.clipped:.1%}" in table
     changes = sorted({str(c) for c in monitor.changes.values()})
     assert all(f"<td>{c}</td>" in table for c in changes)
-    now_png = bytes(dash._figure.value)
+    now_png = bytes(dash.view.figure.value)
     assert now_png.startswith(PNG) and now_png != first_png
-    assert "last redraw" in dash._cost.value
+    assert "last redraw" in dash.view.cost.value
 
 
 def test_steps_throttle_redraws_and_refresh_shows_the_last_step(trained):
@@ -86,9 +89,9 @@ def test_steps_throttle_redraws_and_refresh_shows_the_last_step(trained):
     train(35, tick=1.0)
     assert dash.renders == 1 + 3 and dash.shown_step == 30  # steps 10, 20, 30
     assert shown[9] == 10 and shown[8] == 0  # redrawn inside step 10's monitor.step()
-    assert "step 30 ·" in dash._status.value
+    assert "step 30 ·" in dash.view.status.value
     dash.refresh()
-    assert dash.shown_step == 35 and "step 35 ·" in dash._status.value
+    assert dash.shown_step == 35 and "step 35 ·" in dash.view.status.value
 
 
 def test_wall_time_throttles_redraws_when_steps_are_fast(trained):
@@ -105,13 +108,13 @@ def test_redraws_take_at_most_max_share_of_the_time(trained, monkeypatch):
     import qviz.widgets.qat_dashboard_view as view
 
     monitor, train, _ = trained
-    slow = view.refresh_view
+    slow = view.QATDashboardView.refresh
 
-    def slow_view(dash):  # a redraw that costs 20 ms
-        slow(dash)
+    def slow_view(self):  # a redraw that costs 20 ms
+        slow(self)
         time.sleep(0.02)
 
-    monkeypatch.setattr(view, "refresh_view", slow_view)
+    monkeypatch.setattr(view.QATDashboardView, "refresh", slow_view)
     dash = QATDashboard(monitor, every=1, min_interval_s=0, max_share=0.1, figure=False)
     for _ in range(60):
         train(1)
