@@ -60,6 +60,7 @@ from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
 from qviz.numeric.batches import (
     batch_size,
@@ -204,8 +205,8 @@ def output_probe(
 
 
 def _plan_ops(model: GraphModule) -> list[str]:
-    plan = getattr(model, "plan", None)
-    if plan is None or not hasattr(plan, "tensors"):
+    plan = plan_of(model)
+    if plan is None:
         raise ConfigError(
             f"compare needs the quantized model from qviz.convert_pt2e (it carries .plan), got "
             f"{type(model).__name__} without a plan (for a quant_nn model, pass the module "
@@ -322,7 +323,7 @@ def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
             row.weight_sqnr = _weight_sqnr(row, fgm, qgm, twin)
         rows.append(row)
     if not rows:
-        bodies = getattr(getattr(qgm, "plan", None), "loop_bodies", ())
+        bodies = getattr(plan_of(qgm), "loop_bodies", ())
         if bodies:
             raise ConfigError(
                 f"the quantized operators of this model are all inside loop bodies ({bodies}); "

@@ -25,6 +25,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qviz.engine.graph.debug_handles import float_handle, handle
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError, closest_names
 from qviz.numeric.compare import output_probe
 from qviz.numeric.metrics import sqnr
@@ -148,7 +149,7 @@ def layer_detail(
     if f_run.value is None or q_run.value is None:
         raise ConfigError(f"layer_detail: {node!r} does not output a tensor")
     f, q = f_run.value.float().flatten(), q_run.value.float().flatten()
-    plan = getattr(quantized_gm, "plan", None)
+    plan = plan_of(quantized_gm)
     in_float = any(r.node == node for r in getattr(plan, "float_nodes", ()))
     return _detail(node, f, q, max_points, in_float)
 

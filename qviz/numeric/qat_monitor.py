@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
 from qviz.numeric.qat_tally import Pending, Tally, sample_rows, tally_all
 
@@ -83,8 +84,7 @@ def _is_fake_quantize(module: nn.Module) -> bool:
 
 
 def _groups(model: nn.Module) -> dict[str, int]:
-    plan = getattr(model, "plan", None)
-    groups = getattr(plan, "groups", ()) or ()
+    groups = getattr(plan_of(model), "groups", ()) or ()
     return {g.observer: g.group for g in groups if getattr(g, "observer", None)}
 
 

@@ -55,6 +55,7 @@ from torch import nn
 
 from qviz.engine.distributed.merge_rules import Contributions, Rule, Shape, rule_for
 from qviz.engine.observers.fake_quantize import FakeQuantize
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["active", "gather_outcomes", "merge_observers", "rank_and_size", "run_sharded"]
@@ -108,7 +109,7 @@ def _items(model: nn.Module) -> list[_Item]:
 
 
 def _plan_digest(model: nn.Module) -> str:
-    plan = getattr(model, "plan", None)
+    plan = plan_of(model)
     text = repr(getattr(plan, "groups", None)) + repr(getattr(plan, "tensors", None))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -1,11 +1,22 @@
 """QuantPlan: records a view can rely on, and a printout a person can read."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 
 import qviz
 from qviz.data import digits_loaders, digits_model
-from qviz.engine.pt2e.plan import FloatReason, TensorRef
+from qviz.engine.pt2e.plan import (
+    PLAN_KEY,
+    FloatReason,
+    QuantPlan,
+    TensorRef,
+    plan_of,
+    require_plan,
+    set_plan,
+)
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 
@@ -62,3 +73,49 @@ def test_records_are_plain_data(converted):
     assert TensorRef("a", "b") == TensorRef("a", "b") and str(TensorRef("a", "b")) == "a -> b"
     with pytest.raises(ValueError, match="kind must be one of"):
         quantized.plan.to_records("edges")
+
+
+def test_the_plan_lives_in_the_graph_modules_meta_and_copies_keep_it(converted):
+    prepared, quantized = converted
+    assert prepared.meta[PLAN_KEY] is prepared.plan is plan_of(prepared)
+    assert "plan" not in vars(prepared)  # one source: meta, read by the .plan property
+    copied = copy.deepcopy(prepared)  # nothing re-attaches it: GraphModule copies meta
+    assert copied.plan == prepared.plan and plan_of(copied) == prepared.plan
+    assert copy.deepcopy(copied).plan == prepared.plan  # the copy's class offers .plan too
+    assert plan_of(quantized) is quantized.plan and quantized.meta[PLAN_KEY] is quantized.plan
+    groups = [g.group for g in prepared.plan.groups]
+    assert [g.group for g in quantized.plan.groups] == groups
+    assert all(g.qparams is not None for g in quantized.plan.groups if g.spec.kind == "observed")
+    again = qviz.convert_pt2e(copied)  # convert of a copy: the same plan and qparams
+    assert again.plan == quantized.plan
+    copied.plan = copied.plan.with_choices({0: "mse"})  # the setter writes the meta
+    assert plan_of(copied).groups[0].choice == "mse" and prepared.plan.groups[0].choice is None
+
+
+def test_set_plan_works_on_any_graph_module_and_survives_pickle():
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    assert plan_of(gm) is None and getattr(gm, "plan", None) is None
+    plan = QuantPlan((), (), loop_bodies=("body",))
+    set_plan(gm, plan)
+    assert gm.plan is plan and torch.equal(gm(torch.ones(2)), torch.ones(2))
+    assert pickle.loads(pickle.dumps(gm)).plan == plan
+    assert set_plan(gm, None) is gm and getattr(gm, "plan", None) is None
+    with pytest.raises(ConfigError, match="must be a QuantPlan"):
+        gm.plan = "not a plan"
+    with pytest.raises(ConfigError, match=r"report needs a model from qviz.prepare_pt2e .* \(a "):
+        require_plan(gm, "report")
+
+
+def test_a_graph_prepared_by_torchao_has_no_plan_and_still_converts():
+    ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
+    x = torch.randn(4, 4)
+    gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(), (x,))
+    quantizer = ref_xnnpack.XNNPACKQuantizer().set_global(
+        ref_xnnpack.get_symmetric_quantization_config()
+    )
+    prepared = ref_pt2e.prepare_pt2e(gm, quantizer)
+    prepared(x)
+    assert plan_of(prepared) is None and getattr(prepared, "plan", None) is None
+    quantized = qviz.convert_pt2e(prepared)
+    assert plan_of(quantized) is None and quantized(x).shape == (4, 4)
