@@ -200,3 +200,60 @@ def test_headline_functions_carry_their_own_example(name):
         obj = getattr(obj, part)
     doc = inspect.getdoc(obj) or ""
     assert "Example" in doc and ">>> " in doc, f"qviz.{name} needs an Example in its docstring"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of qviz and the qviz modules it imports anywhere in its file (at module
+    level, inside functions or ``if TYPE_CHECKING``), relative imports resolved; ``from m import
+    name`` counts as importing ``m.name`` when that is a module, else ``m``."""
+    from pathlib import Path
+
+    root = Path(qviz.__file__).parent.parent
+    files = {}
+    for path in sorted(Path(qviz.__file__).parent.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def module_of(name: str) -> str:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in files.items():
+        targets = {module_of(n) for n in _all_imports(path) if n.split(".")[0] == "qviz"}
+        graph[module] = targets - {module, ""}
+    return graph
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the chain of modules (the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    """No module of qviz imports itself back through others, function-level imports included
+    (a view and the widget it shows, a renderer and the records it reads: one way only)."""
+    graph = _module_graph()
+    assert "qviz.widgets.dashboard_view" in graph and "qviz.engine.pt2e.plan" in graph
+    cycle = _a_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # it finds one
