@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
-from torch.fx import GraphModule
-from torch.utils.data import DataLoader
 
 from qviz.data.digits import digits_loaders
 from qviz.data.model import DigitsNet
-from qviz.engine.graph.inputs import check_inputs, guard_errors
+from qviz.engine.graph.inputs import call_model, labelled_batches
+from qviz.engine.graph.stage import Stage, check_stage
 
 __all__ = ["TrainConfig", "evaluate", "train_digits_model"]
 
@@ -65,26 +65,32 @@ def _deterministic() -> Iterator[None]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader) -> float:
+def evaluate(model: nn.Module, loader: Any) -> float:
     """Top-1 accuracy of ``model`` over ``(images, labels)`` batches, in eval mode.
 
     The model's train/eval mode is restored afterwards. Graphs from ``torch.export`` (exported,
-    prepared, converted or loaded back) keep the mode they were captured in and refuse
-    ``.eval()``; they are evaluated as they are.
+    converted or loaded back) keep the mode they were captured in and refuse ``.eval()``; they
+    are evaluated as they are.
+
+    Args:
+        model: a float, converted or quant_nn model. Never a prepared one (checked first): its
+            observers would take in the test data; convert it first.
+        loader: a DataLoader or any batches with labels, as for :func:`qviz.calibrate`
+            (``(inputs, labels)`` tuples, dicts with ``labels``).
 
     Raises:
-        ConfigError: a batch that does not fit the exported graph (dtype, shape), named.
+        ConfigError: a prepared model; a batch without labels or that does not fit the
+            exported graph (dtype, shape), named.
     """
+    stages = (Stage.FLOAT, Stage.CONVERTED, Stage.QUANT_NN)
+    check_stage(model, stages, where="evaluate")
     was_training = model.training
     switched = _set_mode(model, training=False)
     correct = total = 0
     try:
-        for index, (images, labels) in enumerate(loader):
-            where = f"evaluate: batch {index}"
-            if isinstance(model, GraphModule):
-                check_inputs(model, (images,), where=where)
-            with guard_errors(where):
-                correct += int((model(images).argmax(1) == labels).sum())
+        for where, bound in labelled_batches(model, loader, "evaluate: batch {index}"):
+            labels = bound.target
+            correct += int((call_model(model, bound, where).argmax(1) == labels).sum())
             total += labels.numel()
     finally:
         if switched:

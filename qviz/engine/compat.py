@@ -16,7 +16,13 @@ from typing import Any
 import torch
 import torch.fx.traceback as fx_traceback
 
-__all__ = ["OpOverload", "OpOverloadPacket", "quantized_decomposed", "traced_meta"]
+__all__ = [
+    "OpOverload",
+    "OpOverloadPacket",
+    "exported_call_args",
+    "quantized_decomposed",
+    "traced_meta",
+]
 
 #: Types of ATen operators (``torch.ops.aten.add.Tensor`` and ``torch.ops.aten.add``).
 OpOverload = torch._ops.OpOverload
@@ -28,6 +34,28 @@ def quantized_decomposed():
     that as a side effect; done here, on first use, rather than when qviz is imported)."""
     importlib.import_module("torch.ao.quantization.fx._decomposed")
     return torch.ops.quantized_decomposed
+
+
+def exported_call_args(
+    gm: torch.fx.GraphModule, flat: tuple[Any, ...]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` to call ``gm`` with, one value per input placeholder in ``flat``.
+
+    A graph from ``torch.export`` checks the call against the positional / keyword structure
+    it was exported with (``example_kwargs`` become keywords); other graphs take ``flat``.
+
+    Example:
+        >>> gm = torch.export.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),)).module()
+        >>> args, kwargs = exported_call_args(gm, (torch.ones(1, 2),))
+        >>> len(args), kwargs
+        (1, {})
+    """
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    spec = getattr(info, "in_spec", None)
+    if spec is None or spec.num_leaves != len(flat):
+        return tuple(flat), {}
+    args, kwargs = torch.utils._pytree.tree_unflatten(list(flat), spec)
+    return tuple(args), dict(kwargs)
 
 
 @contextlib.contextmanager

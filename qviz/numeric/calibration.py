@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from qviz.engine.graph.inputs import bind_batch, call_model
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.qparams import symmetric_scale
 from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.tensor.tensor_quant import fake_tensor_quant
@@ -42,11 +45,14 @@ class CalibrationChoice:
     sqnr_db: float
 
 
-def layer_tensors(model: nn.Module, inputs: torch.Tensor) -> list[tuple[str, str, torch.Tensor]]:
+def layer_tensors(model: nn.Module, inputs: Any) -> list[tuple[str, str, torch.Tensor]]:
     """``(name, kind, tensor)`` for the input and weight of every Conv/Linear, in call order.
 
-    The model runs once on ``inputs`` under ``no_grad``; it is not modified.
+    The float model (the one stage it takes, checked first) runs once on ``inputs`` (one batch,
+    as for :func:`qviz.calibrate`) under ``no_grad``; it is not modified.
     """
+    check_stage(model, Stage.FLOAT, where="layer_tensors")
+    bound = bind_batch(model, inputs, "layer_tensors: inputs")
     captured: list[tuple[str, str, torch.Tensor]] = []
     names = {m: n for n, m in model.named_modules()}
 
@@ -62,7 +68,7 @@ def layer_tensors(model: nn.Module, inputs: torch.Tensor) -> list[tuple[str, str
     ]
     try:
         with torch.no_grad():
-            model(inputs)
+            call_model(model, bound, "layer_tensors: inputs")
     finally:
         for h in handles:
             h.remove()
@@ -108,7 +114,7 @@ def calibration_choices(
 
 def compare_calibrators(
     model: nn.Module,
-    inputs: torch.Tensor,
+    inputs: Any,
     methods: Sequence[CalibMethod | str] = tuple(CalibMethod),
     *,
     num_bits: int = 8,
@@ -116,7 +122,8 @@ def compare_calibrators(
 ):
     """A pandas DataFrame: one row per (tensor, method) with amax, scale, clipped share and SQNR.
 
-    ``best`` marks the method with the highest SQNR for each tensor.
+    ``model`` is the float model (checked first); ``inputs`` one batch. ``best`` marks the
+    method with the highest SQNR for each tensor.
     """
     import pandas as pd
 

@@ -58,17 +58,14 @@ from torch.fx.node import map_arg
 from qviz.engine import distributed
 from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
+from qviz.engine.graph.inputs import batches_of, bind_batch
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
-from qviz.numeric.batches import (
-    batch_size,
-    batches_of,
-    check_metric,
-    split_batch,
-)
-from qviz.numeric.compare_modules import compare_modules, is_quant_nn_model
+from qviz.numeric.batches import batch_size, check_metric
+from qviz.numeric.compare_modules import compare_modules
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 from qviz.numeric.totals import OutputTotals, single
@@ -357,8 +354,11 @@ def compare(
             model (``quantize_model(float_model)``): then each quantized layer is compared
             with the float layer of the same name (:func:`~qviz.numeric.compare_modules.
             compare_modules`; ``node`` is the layer's module path).
-        data: batches as for :func:`qviz.calibrate`: tensors, ``(inputs..., target)`` tuples or
-            a DataLoader; items after the model's inputs are the target passed to ``metric``.
+        data: batches as for :func:`qviz.calibrate` (the one rule of
+            :mod:`qviz.engine.graph.inputs`): tensors, ``(inputs..., target)`` tuples, dicts of
+            inputs by name, a DataLoader, or one batch; items after the model's inputs (for a
+            quant_nn model: after ``forward``'s required parameters) and a dict's ``labels``
+            are the target passed to ``metric``.
         metric: optional ``metric(float_out, quant_out, target) -> float`` per batch (e.g.
             accuracy of ``quant_out``); the report holds its mean weighted by batch size.
         progress: show a progress bar over the batches (rank 0's only when distributed).
@@ -376,8 +376,10 @@ def compare(
         (``rmse_scale``, in steps), plus the model outputs' SQNR and the metric.
 
     Raises:
-        ConfigError: a model without a plan or debug handles, models that do not match, or
-            data that is not batches.
+        ConfigError: a model at the wrong stage (``float_model`` must be float,
+            ``quantized_model`` converted or quant_nn: checked before either runs, so a
+            prepared model's observers never see the data), a model without a plan or debug
+            handles, models that do not match, or a batch that does not bind (named).
 
     Example:
         >>> import torch, qviz
@@ -391,27 +393,30 @@ def compare(
         ['linear']
     """
     sharded = distributed.active(group)
-    if is_quant_nn_model(quantized_model):
+    if _check_models(float_model, quantized_model) is Stage.QUANT_NN:
         return compare_modules(
             float_model, quantized_model, data, metric=metric, progress=progress,
             group=group if sharded else False,
         )  # fmt: skip
     if sharded:
         return _compare_sharded(float_model, quantized_model, data, metric, progress, group)
-    if not isinstance(quantized_model, GraphModule):
-        raise ConfigError(
-            f"quantized_model must be the graph module qviz.convert_pt2e returned or a model "
-            f"of quant_nn layers, got {type(quantized_model).__name__}"
-        )
     check_metric(metric)
     batches = iter(batches_of(data, "compare"))
     first = next(batches, None)
     if first is None:
         raise ConfigError("compare needs at least one batch of data")
-    inputs, _ = split_batch(first, quantized_model, 0, "compare")
-    fgm = float_graph_of(float_model, inputs)
+    fgm = float_graph_of(float_model, bind_batch(quantized_model, first, "compare: batch 0").args)
     rows = _rows(quantized_model, fgm)
     return _run(fgm, quantized_model, rows, _chain_first(first, batches), metric, progress)
+
+
+def _check_models(float_model: Any, quantized_model: Any) -> Stage:
+    """The stages compare takes, checked before either model runs: the quantized model's."""
+    where = "compare"
+    stage = check_stage(quantized_model, (Stage.CONVERTED, Stage.QUANT_NN), where=where,
+                        arg="quantized_model")  # fmt: skip
+    check_stage(float_model, Stage.FLOAT, where=where, arg="float_model")
+    return stage
 
 
 def _needed(rows: list[_Row]) -> set[int]:
@@ -468,11 +473,6 @@ def _compare_sharded(float_model, qgm, data, metric, progress, group) -> Numeric
     rows, measured, error = [], None, None
     try:
         check_metric(metric)
-        if not isinstance(qgm, GraphModule):
-            raise ConfigError(
-                f"quantized_model must be the graph module qviz.convert_pt2e returned, got "
-                f"{type(qgm).__name__}"
-            )
         batches = iter(batches_of(data, "compare"))
         first = next(batches, None)
         if first is None and not isinstance(float_model, GraphModule):
@@ -480,7 +480,7 @@ def _compare_sharded(float_model, qgm, data, metric, progress, group) -> Numeric
                 "this rank's shard is empty and float_model is an nn.Module, which compare "
                 "exports on the first batch: pass the graph module qviz.export returned"
             )
-        example = () if first is None else split_batch(first, qgm, 0, "compare")[0]
+        example = () if first is None else bind_batch(qgm, first, "compare: batch 0").args
         fgm = float_graph_of(float_model, example)
         rows = _rows(qgm, fgm)
         shard = () if first is None else _chain_first(first, batches)
@@ -506,12 +506,13 @@ def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
 
     with torch.no_grad():
         for index, batch in enumerate(progress_bar(batches, progress, "compare")):
-            inputs, target = split_batch(batch, qgm, index, "compare")
+            bound = bind_batch(qgm, batch, f"compare: batch {index}")
             float_run = _FloatRun(fgm, float_handles, wanted)
-            float_out = float_run.run(*inputs)
-            quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*inputs)
+            float_out = float_run.run(*bound.args)
+            quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*bound.args)
             del float_run
-            value = None if metric is None else metric(single(float_out), single(quant_out), target)
-            totals.add(float_out, quant_out, batch_size(inputs), value)
+            out = single(float_out), single(quant_out)
+            value = None if metric is None else metric(*out, bound.target)
+            totals.add(float_out, quant_out, batch_size(bound.args), value)
     stats = [(r.cumulative, r.local, r.grid) for r in rows]
     return _Measured(stats, totals, tuple(r.node.name for r in rows))

@@ -38,7 +38,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,17 +48,12 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
+from qviz.engine.graph.inputs import batch_errors, batches_of, bind_batch
+from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.qparams import quant_range, symmetric_scale
-from qviz.engine.tensor.calibrate_quantizers import batch_errors
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError
-from qviz.numeric.batches import (
-    batch_size,
-    batches_of,
-    check_metric,
-    flat_tensors,
-    split_batch,
-)
+from qviz.numeric.batches import batch_size, check_metric, flat_tensors
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 from qviz.numeric.totals import OutputTotals, single
@@ -75,11 +69,7 @@ def is_quant_nn_model(model: Any) -> bool:
         >>> is_quant_nn_model(quant_nn.QuantLinear(2, 2)), is_quant_nn_model(nn.Linear(2, 2))
         (True, False)
     """
-    return (
-        isinstance(model, nn.Module)
-        and not isinstance(model, GraphModule)
-        and any(isinstance(m, TensorQuantizer) for m in model.modules())
-    )
+    return isinstance(model, nn.Module) and model_stage(model) is Stage.QUANT_NN
 
 
 @dataclass
@@ -280,26 +270,6 @@ def _eval_mode(*models: nn.Module) -> Iterator[None]:
                 m.training = training
 
 
-def _arity(model: nn.Module) -> int | None:
-    params = inspect.signature(model.forward).parameters.values()
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return None
-    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-def _split(batch: Any, arity: int | None, index: int) -> tuple[tuple[Any, ...], Any]:
-    """``(inputs, target)``: the model's positional inputs first, the target after."""
-    if isinstance(batch, tuple | list) and arity is not None and arity > 1:
-        if len(batch) < arity:
-            raise ConfigError(
-                f"compare: batch {index} has {len(batch)} items but the model takes {arity} "
-                f"inputs; give (inputs..., target) tuples"
-            )
-        rest = batch[arity:]
-        return tuple(batch[:arity]), (rest[0] if len(rest) == 1 else tuple(rest) or None)
-    return split_batch(batch, None, index, "compare")
-
-
 def _weight_sqnr(layer: _Layer) -> float:
     wq = getattr(layer.quant_layer, "_weight_quantizer", None)
     weight = getattr(layer.quant_layer, "weight", None)
@@ -354,9 +324,13 @@ def compare_modules(
     Called by :func:`qviz.numeric.compare` when ``quantized_model`` holds TensorQuantizers.
 
     Args:
-        float_model: the float ``nn.Module`` that :func:`quantize_model` copied.
-        quantized_model: its quant_nn copy, calibrated.
-        data: batches (tensors, ``(inputs..., target)`` tuples, a DataLoader).
+        float_model: the float ``nn.Module`` that :func:`quantize_model` copied (float).
+        quantized_model: its quant_nn copy, calibrated (quant_nn). Both stages are checked
+            before either model runs.
+        data: batches (tensors, ``(inputs..., target)`` tuples, dicts, a DataLoader): a tuple
+            binds to ``forward``'s required parameters and the items after them are the target,
+            so optional parameters (a Hugging Face model's ``attention_mask=None``) stay unset
+            unless a dict names them (:mod:`qviz.engine.graph.inputs`).
         metric: optional ``metric(float_out, quant_out, target) -> float`` per batch.
         progress: show a progress bar over the batches.
         group: as for :func:`qviz.numeric.compare`: each rank measures its shard and the
@@ -367,10 +341,13 @@ def compare_modules(
         in the order the quantized model calls them.
 
     Raises:
-        ConfigError: no quantized layer, a layer the float model lacks (or that is itself
-            quantized), quantizers still calibrating, outputs that do not match, or no data.
+        ConfigError: a model at the wrong stage, no quantized layer, a layer the float model
+            lacks (or that is itself quantized), quantizers still calibrating, outputs that do
+            not match, a batch that does not bind (named), or no data.
     """
-    if not isinstance(float_model, nn.Module) or isinstance(float_model, GraphModule):
+    check_stage(quantized_model, Stage.QUANT_NN, where="compare", arg="quantized_model")
+    check_stage(float_model, Stage.FLOAT, where="compare", arg="float_model")
+    if isinstance(float_model, GraphModule):
         raise ConfigError(
             f"to compare a quant_nn model, float_model must be the float nn.Module it was made "
             f"from (matched by module name), got {type(float_model).__name__}"
@@ -433,23 +410,20 @@ def _run(
     from qviz.numeric.progress import progress_bar
 
     totals = OutputTotals.for_metric(metric)
-    arity = _arity(quantized_model)
     for index, batch in enumerate(progress_bar(batches_of(data, "compare"), progress, "compare")):
-        inputs, target = _split(batch, arity, index)
+        where = f"compare: batch {index}"
+        bound = bind_batch(quantized_model, batch, where)
         hooks.new_batch()
-        with (
-            batch_errors(f"compare: batch {index}", ConfigError, "target"),
-            hooks.installed("float"),
-        ):
-            float_out = float_model(*inputs)
+        with batch_errors(where), hooks.installed("float"):
+            float_out = float_model(*bound.args, **bound.kwargs)
         hooks.calls.clear()
-        with (
-            batch_errors(f"compare: batch {index}", ConfigError, "target"),
-            hooks.installed("quant"),
-        ):
-            quant_out = quantized_model(*inputs)
-        value = None if metric is None else metric(single(float_out), single(quant_out), target)
-        totals.add(float_out, quant_out, batch_size(inputs), value)
+        with batch_errors(where), hooks.installed("quant"):
+            quant_out = quantized_model(*bound.args, **bound.kwargs)
+        value = (
+            None if metric is None else metric(single(float_out), single(quant_out), bound.target)
+        )
+        size = batch_size((*bound.args, *bound.kwargs.values()))
+        totals.add(float_out, quant_out, size, value)
     if totals.count == 0 and not empty_ok:
         raise ConfigError("compare needs at least one batch of data")
     return totals

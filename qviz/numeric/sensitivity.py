@@ -34,15 +34,12 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
+from qviz.engine.graph.inputs import batches_of, bind_batch, call_model, checked_batches
 from qviz.engine.graph.node_data import op_name
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
-from qviz.numeric.batches import (
-    batch_size,
-    batches_of,
-    checked_batches,
-    split_batch,
-)
+from qviz.numeric.batches import batch_size
 from qviz.numeric.progress import progress_bar
 from qviz.numeric.totals import OutputTotals
 
@@ -75,11 +72,9 @@ def fallback(quantizer: Any, nodes_or_module_names: Sequence[str] | str) -> Fall
 
 
 def _check_graph(model: Any, where: str) -> None:
-    if not isinstance(model, GraphModule):
-        raise ConfigError(
-            f"{where} needs the graph module qviz.export returns (it quantizes it several "
-            f"times), got {type(model).__name__}"
-        )
+    """The one stage these take: the float graph module ``qviz.export`` returned (checked before
+    anything runs)."""
+    check_stage(model, Stage.FLOAT, where=where, arg="exported_model", exported=True)
 
 
 class _Evaluator:
@@ -89,12 +84,13 @@ class _Evaluator:
         self, float_gm: GraphModule, data: Any, metric: Callable | None, where: str, group: Any
     ) -> None:
         self.group = group if distributed.active(group) else False
-        self.batches = [split_batch(b, float_gm, i, where) for i, b in enumerate(data)]
+        names = [f"{where}: batch {i}" for i in range(len(data))]
+        self.batches = [(n, bind_batch(float_gm, b, n)) for n, b in zip(names, data, strict=True)]
         if not self.batches and self.group is False:
             raise ConfigError("the data has no batches")
         self.metric = metric
         with torch.no_grad():
-            self.float_outputs = [float_gm(*inputs) for inputs, _ in self.batches]
+            self.float_outputs = [call_model(float_gm, b, n) for n, b in self.batches]
         self.float_metric = self._float_metric()
 
     def _float_metric(self) -> float | None:
@@ -107,10 +103,10 @@ class _Evaluator:
         float model against itself)."""
         totals = OutputTotals.for_metric(self.metric)
         with torch.no_grad():
-            for (inputs, target), ref in zip(self.batches, self.float_outputs, strict=True):
-                out = ref if model is None else model(*inputs)
-                value = None if self.metric is None else self.metric(ref, out, target)
-                totals.add(ref, out, batch_size(inputs), value)
+            for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
+                out = ref if model is None else call_model(model, bound, name)
+                value = None if self.metric is None else self.metric(ref, out, bound.target)
+                totals.add(ref, out, batch_size(bound.args), value)
         return totals
 
     def _merged(self, local: Callable[[], OutputTotals]) -> tuple[float, float | None]:
@@ -167,10 +163,11 @@ def sensitivity(
     """Rank the quantized operators by what quantizing them costs the model.
 
     Args:
-        exported_model: the float graph module from :func:`qviz.export` (not changed).
+        exported_model: the float graph module from :func:`qviz.export` (not changed): the
+            one stage it takes, checked before anything runs.
         quantizer: the quantizer whose operators are tried one by one.
-        data: evaluation batches (tensors or ``(inputs..., target)``); kept in memory, with the
-            float model's outputs on them.
+        data: evaluation batches (as for :func:`qviz.calibrate`: tensors, ``(inputs...,
+            target)``, dicts); kept in memory, with the float model's outputs on them.
         metric: optional ``metric(float_out, quant_out, target) -> float``, higher is better
             (e.g. accuracy); the ranking then follows it.
         mode: ``"fallback"``: everything quantized except the operator; ranked by how much the
@@ -272,7 +269,8 @@ def compare_configs(
     """Every operator's local SQNR under each config, side by side, the best marked.
 
     Args:
-        exported_model: the float graph module from :func:`qviz.export` (not changed).
+        exported_model: the float graph module from :func:`qviz.export` (not changed): the
+            one stage it takes, checked before anything runs.
         configs: ``{"name": QuantizationConfig or Quantizer}``; a QuantizationConfig is used as
             ``XNNPACKQuantizer().set_global(config)``.
         data: batches to compare on (and to calibrate on, unless ``calibration_data``).

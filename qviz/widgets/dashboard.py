@@ -45,8 +45,9 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from qviz.engine.graph.inputs import batches_of, bind_batch, checked_batches
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
-from qviz.numeric.batches import batches_of, checked_batches, split_batch
 from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.widgets.dashboard_table import COLOR_COLUMNS, SORT_COLUMNS, choice, float_row, sorted_rows
@@ -152,7 +153,9 @@ class NumericDashboard:
         self._calibration = self._batches
         if calibration_data is not None:
             self._calibration = list(batches_of(calibration_data, "NumericDashboard"))
-        self._sample = self._sample_inputs(quantized_model)
+        self._sample = self._sample_inputs(
+            quantized_model if quantized_model is not None else float_model
+        )
         self.float_model = (
             float_graph_of(float_model, self._sample)
             if float_model is not None and self._sample is not None
@@ -185,9 +188,11 @@ class NumericDashboard:
 
         Args:
             float_model: the float graph module from :func:`qviz.export` that was quantized
-                (or the float nn.Module, exported here on the first batch).
-            quantized_model: the model from :func:`qviz.convert_pt2e`.
-            data: evaluation batches (tensors or ``(inputs..., target)``); kept in memory.
+                (or the float nn.Module, exported here on the first batch): float.
+            quantized_model: the model from :func:`qviz.convert_pt2e`: converted. Both stages
+                are checked before anything runs (a prepared model's observers see no data).
+            data: evaluation batches (as for :func:`qviz.calibrate`: tensors,
+                ``(inputs..., target)``, dicts); kept in memory.
             metric: ``metric(float_out, quant_out, target) -> float``, e.g. accuracy.
             quantizer: the quantizer used, to enable "fallback" (without it: disabled).
             calibration_data: batches to calibrate fallback variants on (default: ``data``).
@@ -208,17 +213,13 @@ class NumericDashboard:
         """
         from qviz.numeric.compare import compare
 
-        if not isinstance(quantized_model, GraphModule):
-            raise ConfigError(
-                f"quantized_model must be the graph module qviz.convert_pt2e returned, got "
-                f"{type(quantized_model).__name__}"
-            )
         where = "NumericDashboard.from_models"
+        check_stage(quantized_model, Stage.CONVERTED, where=where, arg="quantized_model")
+        check_stage(float_model, Stage.FLOAT, where=where, arg="float_model")
         batches = checked_batches(data, quantized_model, where)
         if not batches:
             raise ConfigError(f"{where} needs at least one batch of data")
-        inputs, _ = split_batch(batches[0], quantized_model, 0, where)
-        fgm = float_graph_of(float_model, inputs)
+        fgm = float_graph_of(float_model, bind_batch(quantized_model, batches[0], where).args)
         report = compare(fgm, quantized_model, batches, metric=metric, progress=progress)
         return cls(
             report, quantized_model=quantized_model, float_model=fgm, data=batches,
@@ -364,10 +365,11 @@ class NumericDashboard:
         report = compare(self.float_model, quantized, batches, metric=self.metric, progress=False)
         return quantized, report
 
-    def _sample_inputs(self, quantized_model: Any) -> tuple[Any, ...] | None:
-        if not self._batches:
+    def _sample_inputs(self, model: Any) -> tuple[Any, ...] | None:
+        """The first batch's inputs, bound to ``model`` (the detail sample)."""
+        if not self._batches or model is None:
             return None
-        return split_batch(self._batches[0], quantized_model, 0, "NumericDashboard")[0]
+        return bind_batch(model, self._batches[0], "NumericDashboard: batch 0").args
 
     # -- view ----------------------------------------------------------------------------------
     @property

@@ -14,70 +14,23 @@ Example:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.inputs import check_inputs, guard_errors
-from qviz.engine.graph.stage import Stage, model_stage
+from qviz.engine.graph.inputs import batches_of, bind_batch, call_model
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["calibrate"]
 
 
-def _check_prepared(model: nn.Module) -> None:
-    stage = model_stage(model)
-    if stage is Stage.CONVERTED:
-        raise CalibrationError(
-            "calibrate got a converted model (quantize/dequantize ops, no observers): there is "
-            "nothing left to calibrate; calibrate the model qviz.prepare_pt2e returned, before "
-            "qviz.convert_pt2e"
-        )
-    if stage is Stage.FLOAT:
-        raise CalibrationError(
-            f"calibrate got a {type(model).__name__} with no observers: it was never prepared; "
-            f"run prepared = qviz.prepare_pt2e(qviz.export(model, example_inputs), quantizer) "
-            f"and calibrate `prepared`"
-        )
-
-
 def _run(model: nn.Module, batch: Any, index: int) -> None:
     where = f"calibration batch {index}"
-    if isinstance(batch, Mapping):
-        with guard_errors(where, CalibrationError):
-            model(**batch)
-        return
-    if isinstance(batch, torch.Tensor):
-        inputs: tuple[Any, ...] | list[Any] = (batch,)
-    elif isinstance(batch, tuple | list):
-        inputs = batch
-    else:
-        raise CalibrationError(
-            f"{where} is a {type(batch).__name__}; give tensors, tuples or lists "
-            f"of tensors (inputs first, labels after), or dicts of keyword inputs"
-        )
-    if isinstance(model, GraphModule):
-        # (inputs..., labels...): the model takes as many leading items as it has inputs
-        inputs = inputs[: sum(1 for n in model.graph.nodes if n.op == "placeholder")]
-        check_inputs(model, inputs, where=where, error=CalibrationError)
-    with guard_errors(where, CalibrationError):
-        model(*inputs)
-
-
-def _batches(data: Any) -> Iterable[Any]:
-    """A single batch (tensor, tuple, dict) becomes one; anything else iterable is the batches."""
-    if isinstance(data, torch.Tensor | tuple | Mapping):
-        return [data]
-    if isinstance(data, Iterable):
-        return data
-    raise ConfigError(
-        f"calibrate needs a DataLoader, an iterable of batches, or one batch; "
-        f"got {type(data).__name__}"
-    )
+    call_model(model, bind_batch(model, batch, where), where)
 
 
 def calibrate(
@@ -91,10 +44,12 @@ def calibrate(
     """Run ``data`` through ``model`` without gradients so that its observers collect statistics.
 
     Args:
-        model: a prepared model (:func:`qviz.prepare_pt2e`).
+        model: a prepared model (:func:`qviz.prepare_pt2e`), calibrated or not: the one stage
+            it takes (:func:`qviz.engine.graph.stage.check_stage`).
         data: a DataLoader or any iterable of batches; a batch is a tensor, a tuple/list whose
             leading items are the model's inputs (labels after them are ignored), or a dict of
-            keyword inputs. A single tensor, tuple or dict is taken as one batch.
+            inputs by name. A single tensor, tuple or dict is taken as one batch
+            (:mod:`qviz.engine.graph.inputs` has the rule, the same for every entry point).
         max_batches: stop after this many batches.
         progress: show a progress bar (a notebook widget in Jupyter; rank 0's only when
             distributed).
@@ -109,11 +64,24 @@ def calibrate(
         ``model``, for chaining.
 
     Raises:
-        CalibrationError: ``model`` has no observers (never prepared, or already converted); a
-            batch whose inputs do not match the exported ones (count, dtype, shape), named by
-            its index; no batches at all (on any rank); distributed: a rank failed (raised on
-            every rank, naming the rank and its error).
-        ConfigError: distributed: the ranks' prepared models differ.
+        ConfigError: ``model`` is not prepared (float, converted or quant_nn: checked before
+            anything runs); a batch whose inputs do not match the exported ones (count, dtype,
+            shape), named by its index; distributed: the ranks' prepared models differ.
+        CalibrationError: no batches at all (on any rank); distributed: a rank failed (raised
+            on every rank, naming the rank and its error).
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2)).eval()
+        >>> gm = qviz.export(model, (torch.randn(8, 4),))
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> prepared = qviz.prepare_pt2e(gm, q)
+        >>> batches = [(torch.randn(8, 4), torch.zeros(8)) for _ in range(3)]  # (inputs, labels)
+        >>> qviz.calibrate(prepared, batches, progress=False) is prepared
+        True
+        >>> prepared.activation_post_process_0.num_batches
+        3
     """
     check_max_batches(max_batches)
     work = functools.partial(_calibrate_shard, model, data, max_batches)
@@ -152,8 +120,8 @@ def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progr
     """Run this process's batches through ``model``; how many it ran."""
     from tqdm.auto import tqdm
 
-    _check_prepared(model)
-    batches = _batches(data)
+    check_stage(model, Stage.PREPARED, where="calibrate")
+    batches = batches_of(data, "calibrate")
     total = batch_total(batches, max_batches)
     seen = 0
     with torch.no_grad():

@@ -18,16 +18,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import inspect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from qviz.engine.graph.inputs import guard_errors
-from qviz.engine.pt2e.calibrate import _batches, batch_total, check_max_batches, run_calibration
+from qviz.engine.graph.inputs import batch_errors, batches_of, bind_batch, call_model
+from qviz.engine.graph.stage import Stage, check_stage
+from qviz.engine.pt2e.calibrate import batch_total, check_max_batches, run_calibration
 from qviz.engine.tensor.calib import CalibMethod
 from qviz.engine.tensor.records import quantizer_role
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
@@ -78,44 +78,9 @@ def _quantizers(model: nn.Module) -> list[tuple[str, TensorQuantizer]]:
     return found
 
 
-def _forward_arity(model: nn.Module) -> int | None:
-    """How many positional inputs ``model.forward`` takes (None: any number)."""
-    params = inspect.signature(model.forward).parameters.values()
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return None
-    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-@contextlib.contextmanager
-def batch_errors(where: str, error: type[QvizError], after: str = "labels") -> Iterator[None]:
-    """A batch the model rejects (shape, dtype, device) becomes ``error`` naming the batch;
-    qviz's own errors pass as they are. ``after``: what a batch holds after the inputs."""
-    try:
-        with guard_errors(where, error):
-            yield
-    except QvizError:
-        raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        raise error(
-            f"{where} failed in the model: {type(exc).__name__}: {exc}; check that the batches "
-            f"hold the inputs the model takes (inputs first, {after} after)"
-        ) from exc
-
-
-def _run(model: nn.Module, batch: Any, index: int, arity: int | None) -> None:
+def _run(model: nn.Module, batch: Any, index: int) -> None:
     where = f"calibration batch {index}"
-    with batch_errors(where, CalibrationError):
-        if isinstance(batch, Mapping):
-            model(**batch)
-        elif isinstance(batch, torch.Tensor):
-            model(batch)
-        elif isinstance(batch, tuple | list):
-            model(*(batch if arity is None else batch[:arity]))  # (inputs..., labels...)
-        else:
-            raise CalibrationError(
-                f"{where} is a {type(batch).__name__}; give tensors, tuples or lists of tensors "
-                f"(inputs first, labels after), or dicts of keyword inputs"
-            )
+    call_model(model, bind_batch(model, batch, where), where)
 
 
 def _record(name: str, tq: TensorQuantizer, method: CalibMethod) -> QuantizerAmax:
@@ -130,14 +95,14 @@ def _record(name: str, tq: TensorQuantizer, method: CalibMethod) -> QuantizerAma
 def _collect(model: nn.Module, batches: Iterable, total: int | None, progress: bool) -> int:
     from tqdm.auto import tqdm
 
-    arity, seen = _forward_arity(model), 0
+    seen = 0
     with torch.no_grad():
         for index, batch in enumerate(
             tqdm(batches, total=total, desc="calibrating", disable=not progress)
         ):
             if total is not None and index >= total:
                 break
-            _run(model, batch, index, arity)
+            _run(model, batch, index)
             seen += 1
     return seen
 
@@ -191,8 +156,10 @@ def calibrate_quantizers(
     mode, also when a batch fails.
 
     Args:
-        model: a model holding TensorQuantizers (quant_nn layers).
-        data: batches as for :func:`qviz.calibrate` (tensors, (inputs, labels) tuples, dicts).
+        model: a quant_nn model (holding TensorQuantizers): the one stage it takes.
+        data: batches as for :func:`qviz.calibrate` (tensors, (inputs, labels) tuples, dicts;
+            a tuple binds to ``forward``'s required parameters, the items after them are the
+            labels: :mod:`qviz.engine.graph.inputs`).
         method: ``"max"``, ``"percentile"``, ``"entropy"`` or ``"mse"`` for input quantizers.
         weight_method: the method for weight quantizers.
         max_batches: stop after this many batches.
@@ -209,9 +176,21 @@ def calibrate_quantizers(
         An :class:`AmaxTable`: one :class:`QuantizerAmax` per quantizer.
 
     Raises:
-        CalibrationError: no TensorQuantizer, no batches, a failing batch (named by index), or
-            quantizers that saw no data (named: their layers never ran).
+        ConfigError: not a quant_nn model (checked first), or a failing batch (named by index).
+        CalibrationError: no enabled TensorQuantizer, no batches, or quantizers that saw no
+            data (named: their layers never ran).
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine import quant_nn
+        >>> model = torch.nn.Sequential(quant_nn.QuantLinear(4, 2), torch.nn.ReLU())
+        >>> table = qviz.calibrate_quantizers(model, torch.randn(16, 4), progress=False)
+        >>> [row.name for row in table]
+        ['0._input_quantizer', '0._weight_quantizer']
+        >>> model[0].input_quantizer.amax is not None
+        True
     """
+    check_stage(model, Stage.QUANT_NN, where="calibrate_quantizers")
     method, weight_method = CalibMethod.parse(method), CalibMethod.parse(weight_method)
     check_max_batches(max_batches)
     quantizers = _quantizers(model)
@@ -221,7 +200,7 @@ def calibrate_quantizers(
     }
     for name, tq in quantizers:
         tq.set_calib_method(chosen[name])
-    batches = _batches(data)
+    batches = batches_of(data, "calibrate_quantizers")
     total = batch_total(batches, max_batches)
 
     def shard(show_progress: bool) -> int:

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from qviz.engine.tensor.calibrate_quantizers import batch_errors
+from qviz.engine.graph.inputs import batch_errors, labelled_batches
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError
 
@@ -68,8 +69,9 @@ def _evaluate(model: nn.Module, data: Iterable, loss_fn) -> tuple[float, float]:
     loss = 0.0
     model.eval()
     with torch.no_grad():
-        for inputs, labels in data:
-            outputs = model(inputs)
+        for name, bound in labelled_batches(model, data, "fine_tune: evaluation batch {index}"):
+            with batch_errors(name, "labels"):
+                outputs, labels = model(*bound.args, **bound.kwargs), bound.target
             correct += int((outputs.argmax(1) == labels).sum())
             total += labels.numel()
             loss += float(loss_fn(outputs, labels))
@@ -99,10 +101,10 @@ def _check_calibrated(model: nn.Module, freeze_amax: bool) -> list[TensorQuantiz
 def _epoch(model, data, optimizer, loss_fn, index: int) -> float:
     model.train()
     total, batches = 0.0, 0
-    for step, (inputs, labels) in enumerate(data):
-        with batch_errors(f"fine_tune: epoch {index}, batch {step}", ConfigError):
+    for name, bound in labelled_batches(model, data, f"fine_tune: epoch {index}, batch {{index}}"):
+        with batch_errors(name, "labels"):
             optimizer.zero_grad()
-            loss = loss_fn(model(inputs), labels)
+            loss = loss_fn(model(*bound.args, **bound.kwargs), bound.target)
             loss.backward()
             optimizer.step()
         total += float(loss.detach())
@@ -129,8 +131,10 @@ def fine_tune(
     """Train a calibrated quant_nn ``model`` in place through its fake quantization.
 
     Args:
-        model: a model with calibrated TensorQuantizers (:func:`calibrate_quantizers`).
-        train_data: ``(inputs, labels)`` batches; iterated once per epoch.
+        model: a quant_nn model with calibrated TensorQuantizers (:func:`calibrate_quantizers`):
+            the one stage it takes, checked first.
+        train_data: ``(inputs, labels)`` batches (or dicts with ``labels``; the batch rule of
+            :mod:`qviz.engine.graph.inputs`); iterated once per epoch.
         epochs: number of epochs (the document: about 10 % of the original training's).
         lr: the starting learning rate (the document: 1 % of the original one).
         eta_min: where cosine annealing ends; default ``lr / 100``.
@@ -149,10 +153,12 @@ def fine_tune(
 
     Raises:
         CalibrationError: an enabled activation quantizer has no amax (calibrate first).
-        ConfigError: bad arguments, or a batch the model rejects (named by epoch and index).
+        ConfigError: not a quant_nn model, bad arguments, or a batch the model rejects or
+            without labels (named by epoch and index).
     """
     from tqdm.auto import tqdm
 
+    check_stage(model, Stage.QUANT_NN, where="fine_tune")
     if not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"epochs must be a positive int, got {epochs!r}")
     if not (isinstance(lr, int | float) and lr > 0):

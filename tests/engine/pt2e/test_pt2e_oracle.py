@@ -15,7 +15,7 @@ from torch import nn
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.get_attr import get_attr_value
-from qviz.errors import CalibrationError
+from qviz.errors import CalibrationError, ConfigError
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
@@ -207,7 +207,7 @@ def test_calibrate_accepts_the_usual_forms_of_data():
     assert torch.equal(observed([(x,) for x in data]), as_list)
     assert torch.equal(observed([*data, torch.full((2, 3, 8, 8), 1e3)], max_batches=3), as_list)
     observed(data[0])  # a single tensor is one batch
-    with pytest.raises(CalibrationError, match="drop_last=True"):
+    with pytest.raises(ConfigError, match="drop_last=True"):
         observed([torch.randn(3, 3, 8, 8)])
     with pytest.raises(CalibrationError, match="no batches"):
         observed([])

@@ -168,7 +168,7 @@ def test_the_documents_recipe_by_hand_gives_the_same_max_amax():
 
 
 def test_calibrate_quantizers_names_what_it_cannot_do():
-    with pytest.raises(CalibrationError, match=r"no enabled TensorQuantizer.*quantize_model"):
+    with pytest.raises(ConfigError, match=r"takes a quant_nn model.*got a float.*quantize_model"):
         calibrate_quantizers(_digits_like(), [torch.randn(1, 1, 8, 8)], progress=False)
 
     class Skips(nn.Module):
@@ -181,5 +181,5 @@ def test_calibrate_quantizers_names_what_it_cannot_do():
 
     with pytest.raises(CalibrationError, match=r"saw no data: \['unused._input_quantizer'"):
         calibrate_quantizers(Skips(), [torch.randn(2, 4)], progress=False)
-    with pytest.raises(CalibrationError, match="calibration batch 0"):
+    with pytest.raises(ConfigError, match="calibration batch 0"):
         calibrate_quantizers(Skips(), [torch.randn(2, 5)], progress=False)
