@@ -26,7 +26,7 @@ from qviz.engine.tensor.calibrate_quantizers import calibrate_quantizers
 from qviz.engine.tensor.fine_tune import fine_tune
 from qviz.engine.tensor.quant_modules import quantize_model
 from qviz.errors import ConfigError
-from qviz.numeric import compare, compare_configs, sensitivity
+from qviz.numeric import compare, compare_calibrators, compare_configs, layer_detail, sensitivity
 from qviz.numeric.compare_modules import compare_modules
 
 
@@ -232,7 +232,22 @@ def _stage_calls(models, xs, ys):
         "fine_tune": (lambda m: fine_tune(m, pairs, epochs=1, lr=1e-3, progress=False),
                       {"quant_nn"}),
         "evaluate": (lambda m: evaluate(m, pairs), floats | {"converted", "quant_nn"}),
+        "layer_detail(quantized_gm)": (lambda m: layer_detail(gm, m, "linear", xs[0]),
+                                       {"converted"}),
+        "layer_detail(float_gm)": (lambda m: layer_detail(m, converted, "linear", xs[0]),
+                                   {"float_graph"}),
+        "NumericDashboard(quantized_model)": (lambda m: _dashboard_of(models, quantized_model=m),
+                                              {"converted"}),
+        "NumericDashboard(float_model)": (lambda m: _dashboard_of(models, float_model=m), floats),
+        "compare_calibrators": (lambda m: compare_calibrators(m, xs[0]), floats),
     }  # fmt: skip
+
+
+def _dashboard_of(models, **kwargs):
+    from qviz.widgets import NumericDashboard
+
+    report = compare(models["float_graph"], models["converted"], models["xs"], progress=False)
+    return NumericDashboard(report, data=models["xs"], graph=False, **kwargs)
 
 
 def _from_models(float_model, quantized_model, data):
@@ -267,12 +282,15 @@ ENTRIES = [
     "compare_modules(quantized_model)", "compare(float_model of quant_nn)", "sensitivity",
     "compare_configs", "NumericDashboard.from_models(quantized_model)",
     "NumericDashboard.from_models(float_model)", "fine_tune", "evaluate",
+    "layer_detail(quantized_gm)", "layer_detail(float_gm)", "NumericDashboard(quantized_model)",
+    "NumericDashboard(float_model)", "compare_calibrators",
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_every_entry_point_refuses_every_wrong_stage_before_touching_the_model(world, entry):
     models, xs, ys = world
+    models = dict(models, xs=xs)
     call, takes = _stage_calls(models, xs, ys)[entry]
     wrong = [stage for stage in STAGE_WORD if stage not in takes]
     assert wrong

@@ -25,6 +25,8 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qviz.engine.graph.debug_handles import float_handle, handle
+from qviz.engine.graph.inputs import bind_batch
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError, closest_names
 from qviz.numeric.compare import output_probe
@@ -114,14 +116,16 @@ def layer_detail(
     quantize/dequantize, as :func:`qviz.numeric.compare` measures the cumulative error.
 
     Args:
-        float_gm: the float graph module (debug handles from :func:`qviz.export`).
-        quantized_gm: the model from :func:`qviz.convert_pt2e`, made from ``float_gm``.
+        float_gm: the float graph module (debug handles from :func:`qviz.export`): float.
+        quantized_gm: the model from :func:`qviz.convert_pt2e`, made from ``float_gm``:
+            converted. Both stages are checked before either runs.
         node: an operator of ``quantized_gm`` (a row of the numeric report).
-        inputs: the model inputs of one batch.
+        inputs: one batch (its inputs, as for :func:`qviz.calibrate`).
         max_points: how many values to keep for the scatter.
 
     Raises:
-        ConfigError: ``node`` is not in the quantized model or has no float counterpart.
+        ConfigError: a model at the wrong stage, ``node`` is not in the quantized model or has
+            no float counterpart, or ``inputs`` that do not fit the exported ones.
 
     Example:
         >>> import torch, qviz
@@ -134,6 +138,9 @@ def layer_detail(
         >>> d.numel, d.float_values.shape, d.sqnr > 30
         (96, (96,), True)
     """
+    check_stage(quantized_gm, Stage.CONVERTED, where="layer_detail", arg="quantized_gm")
+    check_stage(float_gm, Stage.FLOAT, where="layer_detail", arg="float_gm", exported=True)
+    inputs = bind_batch(quantized_gm, inputs, "layer_detail: inputs").args
     qnode = _node(quantized_gm, node)
     ref = float_handle(qnode)
     fnode = next((n for n in float_gm.graph.nodes if handle(n) == ref), None)

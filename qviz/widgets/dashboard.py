@@ -114,7 +114,8 @@ class NumericDashboard:
         widget: the ipywidgets box (the dashboard also renders itself in Jupyter).
 
     Raises:
-        ConfigError: ``report`` is not a NumericReport, or ``data`` is not batches.
+        ConfigError: ``report`` is not a NumericReport, a model at the wrong stage
+            (``quantized_model`` converted, ``float_model`` float), or ``data`` is not batches.
 
     Example:
         >>> from qviz.numeric import NumericReport
@@ -147,6 +148,11 @@ class NumericDashboard:
                 f"{type(report).__name__}; or use NumericDashboard.from_models(float, quantized, "
                 f"data)"
             )
+        if quantized_model is not None:  # the stages details and fallbacks run, checked first
+            check_stage(quantized_model, Stage.CONVERTED, where="NumericDashboard",
+                        arg="quantized_model")  # fmt: skip
+        if float_model is not None:
+            check_stage(float_model, Stage.FLOAT, where="NumericDashboard", arg="float_model")
         self.error: str | None = None
         self.quantizer, self.metric = quantizer, metric
         self._batches = list(batches_of(data, "NumericDashboard")) if data is not None else []
