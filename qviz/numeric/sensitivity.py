@@ -188,6 +188,11 @@ def sensitivity(
         quantized; solo: against the float model, the operator's cost). ``df.attrs`` holds the
         baselines (``quantized_output_sqnr``, ``quantized_metric``, ``float_metric``).
 
+    Raises:
+        ConfigError: ``exported_model`` is not the float exported graph (a prepared or converted
+            model is refused before anything runs), an unknown mode, or a batch that does not
+            bind (named; every batch is checked before the float pass).
+
     Example:
         >>> import torch, qviz
         >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -282,6 +287,10 @@ def compare_configs(
         (NaN where that config leaves the operator in float), and ``best`` (the config with the
         highest local SQNR; equal ones joined with ``" = "``). ``df.attrs["output_sqnr"]``
         maps each config to its model-output SQNR.
+
+    Raises:
+        ConfigError: ``exported_model`` is not the float exported graph (checked first), no
+            configs, or a batch that does not bind (named).
 
     Example:
         >>> import torch, qviz
