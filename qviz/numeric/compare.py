@@ -60,7 +60,7 @@ from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
 from qviz.engine.graph.inputs import batches_of, bind_batch
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
-from qviz.engine.graph.stage import Stage, check_stage
+from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
@@ -392,22 +392,24 @@ def compare(
         >>> compare(gm, quantized, data, progress=False).worst(1)["node"].tolist()
         ['linear']
     """
-    sharded = distributed.active(group)
-    if _check_models(float_model, quantized_model) is Stage.QUANT_NN:
+    if isinstance(quantized_model, torch.nn.Module) and model_stage(quantized_model) is (
+        Stage.QUANT_NN
+    ):
         return compare_modules(
-            float_model, quantized_model, data, metric=metric, progress=progress,
-            group=group if sharded else False,
-        )  # fmt: skip
-    if sharded:
-        return _compare_sharded(float_model, quantized_model, data, metric, progress, group)
-    check_metric(metric)
-    batches = iter(batches_of(data, "compare"))
-    first = next(batches, None)
-    if first is None:
-        raise ConfigError("compare needs at least one batch of data")
-    fgm = float_graph_of(float_model, bind_batch(quantized_model, first, "compare: batch 0").args)
-    rows = _rows(quantized_model, fgm)
-    return _run(fgm, quantized_model, rows, _chain_first(first, batches), metric, progress)
+            float_model, quantized_model, data, metric=metric, progress=progress, group=group
+        )
+
+    def work(shard: distributed.Shard) -> tuple[list[_Row], _Measured]:
+        _check_models(float_model, quantized_model)
+        check_metric(metric)
+        return _measure_shard(float_model, quantized_model, data, metric, progress, shard)
+
+    # each rank measures its shard; one exchange; every rank merges in rank order (exact sums)
+    out = distributed.sharded(work, group, "compare", share=lambda result: result[1])
+    rows, measured = out.result
+    for part in out.others:
+        measured.merge(part)
+    return _report(rows, measured)
 
 
 def _check_models(float_model: Any, quantized_model: Any) -> Stage:
@@ -467,35 +469,25 @@ def _report(rows: list[_Row], measured: _Measured) -> NumericReport:
     )
 
 
-def _compare_sharded(float_model, qgm, data, metric, progress, group) -> NumericReport:
-    """Each rank measures its shard; one gather; every rank merges in rank order."""
-    rank, _ = distributed.rank_and_size(group)
-    rows, measured, error = [], None, None
-    try:
-        check_metric(metric)
-        batches = iter(batches_of(data, "compare"))
-        first = next(batches, None)
-        if first is None and not isinstance(float_model, GraphModule):
-            raise ConfigError(
-                "this rank's shard is empty and float_model is an nn.Module, which compare "
-                "exports on the first batch: pass the graph module qviz.export returned"
-            )
-        example = () if first is None else bind_batch(qgm, first, "compare: batch 0").args
-        fgm = float_graph_of(float_model, example)
-        rows = _rows(qgm, fgm)
-        shard = () if first is None else _chain_first(first, batches)
-        measured = _measure(fgm, qgm, rows, shard, metric, progress and rank == 0)
-    except Exception as exc:  # reported on every rank by the gather
-        error = exc
-    parts = distributed.gather_outcomes(measured, group, error=error, what="compare")
-    for other, part in enumerate(parts):  # exact sums: the order does not matter
-        if other != rank:
-            measured.merge(part)
-    return _report(rows, measured)
-
-
-def _run(fgm, qgm, rows, batches, metric, progress) -> NumericReport:
-    return _report(rows, _measure(fgm, qgm, rows, batches, metric, progress))
+def _measure_shard(
+    float_model: Any, qgm: Any, data: Any, metric: Any, progress: bool, shard: distributed.Shard
+) -> tuple[list[_Row], _Measured]:
+    """This process's rows and what it measured on its batches (an empty shard is fine when
+    distributed and ``float_model`` is the exported graph; alone, no data is an error)."""
+    batches = iter(batches_of(data, "compare"))
+    first = next(batches, None)
+    if first is None and not shard.distributed:
+        raise ConfigError("compare needs at least one batch of data")
+    if first is None and not isinstance(float_model, GraphModule):
+        raise ConfigError(
+            "this rank's shard is empty and float_model is an nn.Module, which compare "
+            "exports on the first batch: pass the graph module qviz.export returned"
+        )
+    example = () if first is None else bind_batch(qgm, first, "compare: batch 0").args
+    fgm = float_graph_of(float_model, example)
+    rows = _rows(qgm, fgm)
+    mine = () if first is None else _chain_first(first, batches)
+    return rows, _measure(fgm, qgm, rows, mine, metric, progress and shard.rank == 0)
 
 
 def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:

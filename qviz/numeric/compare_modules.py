@@ -345,6 +345,39 @@ def compare_modules(
             lacks (or that is itself quantized), quantizers still calibrating, outputs that do
             not match, a batch that does not bind (named), or no data.
     """
+
+    def work(shard: distributed.Shard) -> tuple[list[_Layer], OutputTotals, list]:
+        _check_models(float_model, quantized_model, metric)
+        layers = _match(float_model, quantized_model)
+        hooks = _Hooks(layers)
+        with _eval_mode(float_model, quantized_model), torch.no_grad():
+            totals = _run(
+                float_model, quantized_model, hooks, data, metric,
+                progress and shard.rank == 0, empty_ok=shard.distributed,
+            )  # fmt: skip
+        return layers, totals, list(hooks.order)
+
+    def share(result: tuple[list[_Layer], OutputTotals, list]) -> tuple[dict, list, OutputTotals]:
+        layers, totals, order = result
+        stats = {layer.name: (layer.cumulative, layer.local, layer.grid) for layer in layers}
+        return stats, order, totals
+
+    # each rank measures its shard; one exchange; every rank merges (exact sums)
+    out = distributed.sharded(work, group, "compare", share=share)
+    layers, totals, _ = out.result
+    order: dict[tuple[str, int], None] = {}
+    for _, their_order, _ in out.shared:  # every rank's calls, in rank order
+        order.update(dict.fromkeys(map(tuple, their_order)))
+    for stats, _, their_totals in out.others:
+        _merge_stats(layers, stats)
+        totals.merge(their_totals)
+    if totals.count == 0:
+        raise ConfigError("compare got no batches on any rank: every shard is empty")
+    return NumericReport.from_table(_table(layers, list(order)), **totals.figures())
+
+
+def _check_models(float_model: Any, quantized_model: Any, metric: Any) -> None:
+    """The arguments compare_modules takes, checked before either model runs."""
     check_stage(quantized_model, Stage.QUANT_NN, where="compare", arg="quantized_model")
     check_stage(float_model, Stage.FLOAT, where="compare", arg="float_model")
     if isinstance(float_model, GraphModule):
@@ -354,47 +387,19 @@ def compare_modules(
         )
     check_metric(metric)
     _check_not_calibrating(quantized_model)
-    layers = _match(float_model, quantized_model)
-    hooks = _Hooks(layers)
-    if distributed.active(group):
-        return _compare_sharded(float_model, quantized_model, layers, hooks, data, metric, group)
-    with _eval_mode(float_model, quantized_model), torch.no_grad():
-        figures = _run(float_model, quantized_model, hooks, data, metric, progress).figures()
-    return NumericReport.from_table(_table(layers, list(hooks.order)), **figures)
 
 
-def _compare_sharded(float_model, quantized_model, layers, hooks, data, metric, group):
-    """Each rank measures its shard; one gather; every rank merges (exact sums)."""
-    rank, _ = distributed.rank_and_size(group)
-    part, error = None, None
-    try:
-        with _eval_mode(float_model, quantized_model), torch.no_grad():
-            totals = _run(float_model, quantized_model, hooks, data, metric, False, empty_ok=True)
-        stats = {layer.name: (layer.cumulative, layer.local, layer.grid) for layer in layers}
-        part = (stats, list(hooks.order), totals)
-    except Exception as exc:  # named on every rank by the gather
-        error = exc
-    parts = distributed.gather_outcomes(part, group, error=error, what="compare")
+def _merge_stats(layers: list[_Layer], stats: dict[str, tuple]) -> None:
+    """Another rank's per-call statistics added into ``layers``' (exact sums)."""
     by_name = {layer.name: layer for layer in layers}
-    order: dict[tuple[str, int], None] = {}
-    for other, (stats, their_order, their_totals) in enumerate(parts):
-        order.update(dict.fromkeys(map(tuple, their_order)))
-        if other == rank:
-            continue
-        for name, kinds in stats.items():
-            layer = by_name[name]
-            for mine, theirs in zip(
-                (layer.cumulative, layer.local, layer.grid), kinds, strict=True
-            ):
-                for index, value in theirs.items():
-                    if index in mine:
-                        mine[index].merge(value)
-                    else:
-                        mine[index] = value
-        totals.merge(their_totals)
-    if totals.count == 0:
-        raise ConfigError("compare got no batches on any rank: every shard is empty")
-    return NumericReport.from_table(_table(layers, list(order)), **totals.figures())
+    for name, kinds in stats.items():
+        layer = by_name[name]
+        for mine, theirs in zip((layer.cumulative, layer.local, layer.grid), kinds, strict=True):
+            for index, value in theirs.items():
+                if index in mine:
+                    mine[index].merge(value)
+                else:
+                    mine[index] = value
 
 
 def _run(

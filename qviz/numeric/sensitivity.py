@@ -78,25 +78,31 @@ def _check_graph(model: Any, where: str) -> None:
 
 
 class _Evaluator:
-    """The float model's outputs on the data, kept (outputs only), and quantized models scored."""
+    """The float model's outputs on the data, kept (outputs only), and quantized models scored
+    (over every rank of ``shard``'s group, one exchange per score)."""
 
     def __init__(
-        self, float_gm: GraphModule, data: Any, metric: Callable | None, where: str, group: Any
+        self,
+        float_gm: GraphModule,
+        data: Any,
+        metric: Callable | None,
+        where: str,
+        shard: distributed.Shard,
     ) -> None:
-        self.group = group if distributed.active(group) else False
+        self.group = shard.group
         names = [f"{where}: batch {i}" for i in range(len(data))]
         self.batches = [(n, bind_batch(float_gm, b, n)) for n, b in zip(names, data, strict=True)]
-        if not self.batches and self.group is False:
+        if not self.batches and not shard.distributed:
             raise ConfigError("the data has no batches")
         self.metric = metric
         with torch.no_grad():
             self.float_outputs = [call_model(float_gm, b, n) for n, b in self.batches]
-        self.float_metric = self._float_metric()
+        self.float_metric: float | None = None
 
-    def _float_metric(self) -> float | None:
-        if self.metric is None:
-            return None
-        return self._merged(lambda: self._sums(None))[1]
+    def score_float(self) -> None:
+        """The float model's own metric, over every rank (a collective: after the setup)."""
+        if self.metric is not None:
+            self.float_metric = self._merged(lambda: self._sums(None))[1]
 
     def _sums(self, model: Any) -> OutputTotals:
         """This process's output statistics, metric sum and sample count (``model`` None: the
@@ -111,18 +117,12 @@ class _Evaluator:
 
     def _merged(self, local: Callable[[], OutputTotals]) -> tuple[float, float | None]:
         """(output SQNR, metric) of ``local``'s sums, over every rank when distributed."""
-        if self.group is False:
-            totals = local()
-        else:
-            part, error = None, None
-            try:
-                part = local()
-            except Exception as exc:  # named on every rank by the gather
-                error = exc
-            parts = distributed.gather_outcomes(part, self.group, error=error, what="sensitivity")
+        out = distributed.sharded(lambda shard: local(), self.group, "sensitivity")
+        totals = out.result
+        if out.shard.distributed:
             totals = OutputTotals.for_metric(self.metric)
-            for other in parts:
-                totals.merge(other)
+            for part in out.shared:  # every rank's, in rank order
+                totals.merge(part)
         return totals.outputs.sqnr, totals.metric_value
 
     def score(self, model: Any) -> tuple[float, float | None]:
@@ -133,9 +133,14 @@ class _Evaluator:
 def _quantize(
     gm: GraphModule, quantizer: Any, calibration: list[Any], group: Any = False
 ) -> GraphModule:
+    """Prepare (every rank's prepare exchanged first: one that fails is named on every rank),
+    calibrate over every rank, convert."""
     import qviz
 
-    prepared = qviz.prepare_pt2e(gm, quantizer)
+    def prepare(shard: distributed.Shard) -> GraphModule:
+        return qviz.prepare_pt2e(gm, quantizer)
+
+    prepared = distributed.sharded(prepare, group, "sensitivity", share=lambda _: None).result
     qviz.calibrate(prepared, calibration, progress=False, group=group)
     return qviz.convert_pt2e(prepared)
 
@@ -193,6 +198,9 @@ def sensitivity(
             model is refused before anything runs), an unknown mode, or a batch that does not
             bind (named; every batch is checked before the float pass).
 
+        Distributed, whatever one rank raises (a bad argument included) is raised on every
+        rank at once, naming that rank (:func:`qviz.engine.distributed.sharded`).
+
     Example:
         >>> import torch, qviz
         >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -202,25 +210,30 @@ def sensitivity(
         >>> df["node"].tolist(), df.attrs["mode"]
         (['linear'], 'solo')
     """
-    _check_graph(exported_model, "sensitivity")
-    if mode not in _MODES:
-        raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
     import qviz
 
-    batches = list(batches_of(data, "sensitivity"))
-    calibration = batches
-    if calibration_data is not None:
-        where = "sensitivity(calibration_data=...)"
-        calibration = checked_batches(calibration_data, exported_model, where)
-    evaluator = _Evaluator(exported_model, batches, metric, "sensitivity", group)
-    group = evaluator.group
-    full = qviz.prepare_pt2e(exported_model, quantizer)
+    def setup(shard: distributed.Shard) -> tuple[_Evaluator, list[Any], GraphModule]:
+        """The argument checks, the float pass and the fully quantized model's prepare."""
+        _check_graph(exported_model, "sensitivity")
+        if mode not in _MODES:
+            raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
+        batches = list(batches_of(data, "sensitivity"))
+        calibration = batches
+        if calibration_data is not None:
+            where = "sensitivity(calibration_data=...)"
+            calibration = checked_batches(calibration_data, exported_model, where)
+        evaluator = _Evaluator(exported_model, batches, metric, "sensitivity", shard)
+        return evaluator, calibration, qviz.prepare_pt2e(exported_model, quantizer)
+
+    out = distributed.sharded(setup, group, "sensitivity", share=lambda _: None)
+    (evaluator, calibration, full), group = out.result, out.shard.group
+    evaluator.score_float()
     ops = _quantized_ops(full.plan, exported_model)
     qviz.calibrate(full, calibration, progress=False, group=group)
     base_sqnr, base_metric = evaluator.score(qviz.convert_pt2e(full))
     nodes = {n.name: n for n in exported_model.graph.nodes}
     rows = []
-    for name in progress_bar(ops, progress, f"sensitivity ({mode})"):
+    for name in progress_bar(ops, progress and out.shard.rank == 0, f"sensitivity ({mode})"):
         names = [name] if mode == "fallback" else [o for o in ops if o != name]
         variant = FallbackQuantizer(quantizer, names) if names else quantizer
         score = evaluator.score(_quantize(exported_model, variant, calibration, group))

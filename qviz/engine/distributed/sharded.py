@@ -1,23 +1,33 @@
-"""Calibrate on many processes: one collective merge of observer and calibrator state.
+"""THE sharded path: run locally, exchange every rank's outcome, merge.
 
-Each process (rank) of a ``torch.distributed`` process group calibrates its own shard of the
-data; then :func:`merge_observers` makes every observer, fake-quantize observer and
-TensorQuantizer calibrator hold what one process would hold after all the shards:
+Every collective entry point (``qviz.calibrate``, ``qviz.calibrate_quantizers``,
+``qviz.numeric.compare`` for both kinds of model, ``qviz.numeric.sensitivity``) runs its work
+through :func:`sharded`:
 
-1. one ``all_gather_object`` exchanges each rank's outcome: an error (raised on every rank,
-   naming the rank and the reason, so no rank waits for a collective that never comes), the
-   model's observers and a digest of its QuantPlan (a model that differs between ranks is named),
-   the channel counts (a rank whose shard never reached a per-channel observer still merges) and
-   the batch count (an empty shard is fine; no data anywhere is an error);
-2. round 1 reduces ranges, amaxes, counts and weighted averages, round 2 the histograms re-binned
-   onto the agreed ranges (:mod:`qviz.engine.distributed.merge_rules` says how each kind of state
-   merges). The
-   contributions of all observers are packed into one flat tensor per reduction and dtype: at
-   most three ``all_reduce`` calls per round, however many observers the model has.
+1. ``group`` is resolved first (None: the default group when one is initialised, else this
+   process alone; False: alone; a ``ProcessGroup``); anything else is a ConfigError naming the
+   argument and the fix, exchanged on the default group when there is one;
+2. the entry point's work runs on this rank's shard inside a ``try``, its argument checks first,
+   so a bad argument, a bad batch or a model at the wrong stage is an outcome like any other;
+3. one ``all_gather_object`` exchanges every rank's outcome: the entry point's name, its error
+   or the part of its result it shares;
+4. a failure anywhere, or ranks in different entry points, raises the same QvizError on every
+   rank, naming each failing rank and its error: no rank waits for a collective that a failed
+   rank never joins. Otherwise every rank gets every rank's shared part for its merge.
+
+Calibration merges observer and calibrator state (:func:`calibrate_sharded`): the exchange
+carries the model's observers and a digest of its QuantPlan (a model that differs between ranks
+is named), the channel counts (a rank whose shard never reached a per-channel observer still
+merges) and the batch count (an empty shard is fine; no data anywhere is an error); then round 1
+reduces ranges, amaxes, counts and weighted averages, round 2 the histograms re-binned onto the
+agreed ranges (:mod:`qviz.engine.distributed.merge_rules` says how each kind of state merges).
+The contributions of all observers are packed into one flat tensor per reduction and dtype: at
+most three ``all_reduce`` calls per round, however many observers the model has.
 
 Only torch.distributed is used: gloo on CPU, NCCL on GPUs (the packed tensors go to the current
-CUDA device there). A rank that dies without raising cannot report; the others then stop at
-the process group's timeout (``torch.distributed.init_process_group(..., timeout=...)``).
+CUDA device there). A rank that dies without raising, or makes no call at all (``group=False``
+on that rank only), cannot report; the others then stop at the process group's timeout
+(``torch.distributed.init_process_group(..., timeout=...)``).
 
 Exactness: min / max (per tensor and per channel), the |x| histograms of HistogramCalibrator and
 every amax method on them, and MaxCalibrator give bit for bit what one process gives over all
@@ -29,9 +39,11 @@ batch-count weighted mean of the ranks' averages
 (:class:`~qviz.engine.distributed.merge_rules.MovingAverageRule`).
 
 Example (one process; under ``torchrun`` every rank runs the same lines on its own shard):
-    >>> import os, torch, torch.distributed as dist, qviz
+    >>> import os, socket, torch, torch.distributed as dist, qviz
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-    >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    >>> with socket.socket() as s:
+    ...     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     >>> dist.init_process_group("gloo", rank=0, world_size=1)
     >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
     >>> prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
@@ -39,51 +51,225 @@ Example (one process; under ``torchrun`` every rank runs the same lines on its o
     >>> _ = qviz.calibrate(prepared, [torch.randn(8, 4)], progress=False)  # merges
     >>> prepared.activation_post_process_0.num_batches
     1
+    >>> sharded(lambda shard: shard.rank + 10, None, "example").shared
+    (10,)
     >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
 
 import hashlib
-import traceback
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 
+import qviz.errors as errors  # the classes by name: a failing rank's, re-raised here
 from qviz.engine.distributed.merge_rules import Contributions, Rule, Shape, rule_for
 from qviz.engine.observers.fake_quantize import FakeQuantize
 from qviz.engine.pt2e.plan import plan_of
-from qviz.errors import CalibrationError, ConfigError
+from qviz.errors import CalibrationError, ConfigError, QvizError
 
-__all__ = ["active", "gather_outcomes", "merge_observers", "rank_and_size", "run_sharded"]
+__all__ = ["Outcomes", "Shard", "active", "calibrate_sharded", "merge_observers", "sharded"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Where an entry point's work runs: this process's rank, the group's size and the group
+    (``False``: this process alone, rank 0 of 1)."""
+
+    rank: int
+    size: int
+    group: Any
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the outcome is exchanged with other ranks (a one-rank group included)."""
+        return self.group is not False
+
+
+_ALONE = Shard(0, 1, False)
+
+
+@dataclass(frozen=True)
+class Outcomes(Generic[T]):
+    """What :func:`sharded` returns: where the work ran, this rank's result (the very object
+    its work returned) and every rank's shared part, in rank order (this rank's is its own
+    object, the others' arrive as copies)."""
+
+    shard: Shard
+    result: T
+    shared: tuple[Any, ...]
+
+    @property
+    def others(self) -> tuple[Any, ...]:
+        """The other ranks' shared parts, in rank order (empty for one process)."""
+        rank = self.shard.rank
+        return self.shared[:rank] + self.shared[rank + 1 :]
+
+
+def _bad_group(group: Any) -> ConfigError:
+    return ConfigError(
+        f"group={group!r} is not a process group: pass None (the default group, which "
+        f"torch.distributed.init_process_group(...) sets up; torchrun sets up the environment "
+        f"it reads), False (this process alone) or a torch.distributed.ProcessGroup "
+        f"(torch.distributed.group.WORLD, torch.distributed.new_group(ranks))"
+    )
+
+
+def _resolve(group: Any) -> tuple[Shard, ConfigError | None]:
+    """Where ``group`` runs the work, and the ConfigError a bad ``group`` is. A bad group is
+    exchanged on the default group when one is initialised (the other ranks learn it there),
+    and raised at once when none is (nobody waits)."""
+    import torch.distributed as dist
+
+    ready = dist.is_available() and dist.is_initialized()
+    if group is False or (group is None and not ready):
+        return _ALONE, None
+    error = None
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        error, group = _bad_group(group), None
+    elif not ready:
+        error = ConfigError(
+            "group=... was given but torch.distributed is not initialised: call "
+            "torch.distributed.init_process_group(...) first (torchrun sets up the environment "
+            "it reads), or leave group=None for one process"
+        )
+    if not ready and error is not None:  # nobody to tell: raised at once
+        raise error
+    group = dist.group.WORLD if group is None else group
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ConfigError(
+            f"this process (rank {dist.get_rank()} of the default group) is not a member of "
+            f"group={group!r}: only the group's members call with it; pass a group this rank "
+            f"belongs to, or group=False to work alone"
+        )
+    return Shard(rank, dist.get_world_size(group), group), error
 
 
 def active(group: Any = None) -> bool:
-    """Whether calibration should merge across processes: a group was passed, or the default
-    process group is initialised (``group=False``: never, this process alone)."""
+    """Whether work with ``group`` runs across processes: a process group was passed, or the
+    default one is initialised (``group=False``: never, this process alone).
+
+    Raises:
+        ConfigError: ``group`` is not None, False or a ProcessGroup, or torch.distributed is
+            not initialised while a group was passed.
+
+    Example:
+        >>> active(group=False)
+        False
+    """
+    shard, error = _resolve(group)
+    if error is not None:
+        raise error
+    return shard.distributed
+
+
+def sharded(
+    work: Callable[[Shard], T],
+    group: Any,
+    what: str,
+    *,
+    share: Callable[[T], Any] | None = None,
+) -> Outcomes[T]:
+    """Run ``work`` on this rank and exchange every rank's outcome: THE sharded path.
+
+    ``group`` is resolved first (a bad one is this rank's error); then ``work(shard)`` runs (its
+    argument checks first: everything it raises is exchanged); then one ``all_gather_object``
+    carries ``what``, the error or ``share(result)`` (default: the result) of every rank. Every
+    collective entry point calls it before its merge, and every rank must call it.
+
+    Args:
+        work: this rank's part, given its :class:`Shard` (``shard.rank == 0`` shows progress).
+        group: None (the default group if initialised, else alone), False (alone) or a
+            ``torch.distributed.ProcessGroup``.
+        what: the entry point (``"calibrate"``): ranks in different entry points are an error.
+        share: what of the result the other ranks get (picklable); default the whole result.
+
+    Returns:
+        :class:`Outcomes`: alone, ``work``'s result and its shared part, nothing exchanged.
+
+    Raises:
+        QvizError: on every rank alike when any rank failed, naming each failing rank and its
+            error: the class of the lowest failing rank's error when it is a QvizError (a bad
+            argument is a ConfigError everywhere), else CalibrationError; ConfigError when the
+            ranks are in different entry points. Alone, what ``work`` raised, as it raised it.
+
+    Example:
+        >>> out = sharded(lambda shard: (shard.rank, "model"), False, "example",
+        ...               share=lambda result: result[0])
+        >>> out.result, out.shared, out.others
+        ((0, 'model'), (0,), ())
+    """
     import torch.distributed as dist
 
-    if group is False:
-        return False
-    if group is not None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise ConfigError(
-                "group=... was given but torch.distributed is not initialised: call "
-                "torch.distributed.init_process_group(...) first (torchrun sets up the "
-                "environment it reads), or leave group=None for one process"
-            )
-        return True
-    return dist.is_available() and dist.is_initialized()
+    shard, error = _resolve(group)
+    if not shard.distributed:
+        result = work(shard)
+        return Outcomes(shard, result, (result if share is None else share(result),))
+    result, mine, payload = None, None, b""
+    if error is None:
+        try:
+            result = work(shard)
+            mine = result if share is None else share(result)
+            payload = pickle.dumps(mine)  # here, so that a payload that cannot go is an error
+        except Exception as exc:  # exchanged, then raised on every rank
+            error = exc
+    records: list[Any] = [None] * shard.size
+    dist.all_gather_object(
+        records, {"what": what, "error": _error_record(error), "payload": payload}, shard.group
+    )
+    _raise_failures(records, shard, what, error)
+    shared = [
+        mine if r == shard.rank else pickle.loads(o["payload"]) for r, o in enumerate(records)
+    ]
+    return Outcomes(shard, result, tuple(shared))
 
 
-def rank_and_size(group: Any = None) -> tuple[int, int]:
-    """This process's rank in ``group`` and the group's size."""
-    import torch.distributed as dist
+def _error_record(error: BaseException | None) -> tuple[str | None, str] | None:
+    """(the nearest qviz.errors class's name, or None; the error as one line of text)."""
+    if error is None:
+        return None
+    kind = next((c.__name__ for c in type(error).__mro__ if c.__module__ == errors.__name__), None)
+    return kind, f"{type(error).__name__}: {error}"
 
-    return dist.get_rank(group), dist.get_world_size(group)
+
+def _raise_failures(
+    records: list[dict], shard: Shard, what: str, local: BaseException | None
+) -> None:
+    """Raise the same error on every rank when a rank failed or the ranks' calls differ."""
+    calls = [r["what"] for r in records]
+    failed = [(rank, r["error"]) for rank, r in enumerate(records) if r["error"] is not None]
+    if not failed and len(set(calls)) == 1:
+        return
+    if len(set(calls)) > 1:
+        head = (
+            "the ranks made different calls ("
+            + ", ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+            + "): every rank must call the same qviz functions, with the same group, in the "
+            "same order"
+        )
+    else:
+        head = f"{what} failed on {len(failed)} of {shard.size} ranks"
+    lines = "".join(f"\n  rank {rank}: {text}" for rank, (_, text) in failed)
+    message = f"{head} (this is rank {shard.rank}); nothing was merged"
+    kind = _error_class(failed[0][1][0]) if failed else ConfigError
+    raise kind(message + (f":{lines}" if lines else "")) from local
+
+
+def _error_class(name: str | None) -> type[QvizError]:
+    """The qviz.errors class of that name (what the failing rank raised), else
+    CalibrationError (a RuntimeError, as most errors that are not QvizErrors are)."""
+    found = getattr(errors, str(name), None)
+    if isinstance(found, type) and issubclass(found, QvizError):
+        return found
+    return CalibrationError
 
 
 @dataclass(frozen=True)
@@ -122,39 +308,6 @@ def _outcome(model: nn.Module, items: list[_Item], batches: int) -> dict:
         "channels": [i.rule.channels(i.obj) for i in items],
         "keep": [i.rule.keep(i.obj) for i in items],
     }
-
-
-def _check_errors(outcomes: list[dict], rank: int, local: BaseException | None, what: str) -> None:
-    failed = [(r, o["error"]) for r, o in enumerate(outcomes) if o["error"]]
-    if not failed:
-        return
-    lines = "\n".join(f"  rank {r}: {e}" for r, e in failed)
-    raise CalibrationError(
-        f"{what} failed on {len(failed)} of {len(outcomes)} ranks (this is rank {rank}); "
-        f"nothing was merged:\n{lines}"
-    ) from local
-
-
-def _error_text(error: BaseException | None) -> str | None:
-    return None if error is None else "".join(traceback.format_exception_only(error)).strip()
-
-
-def gather_outcomes(
-    payload: Any, group: Any = None, *, error: BaseException | None = None, what: str
-) -> list[Any]:
-    """Every rank's ``payload`` (picklable), in rank order, from one ``all_gather_object``.
-
-    Raises on every rank, naming the rank and its error, when some rank passes ``error``
-    (what it raised): the others learn it here instead of waiting in a later collective.
-    """
-    import torch.distributed as dist
-
-    rank, size = rank_and_size(group)
-    outcomes: list[Any] = [None] * size
-    mine = {"error": _error_text(error), "payload": None if error else payload}
-    dist.all_gather_object(outcomes, mine, group=group)
-    _check_errors(outcomes, rank, error, what)
-    return [o["payload"] for o in outcomes]
 
 
 def _check_same_model(outcomes: list[dict]) -> None:
@@ -226,45 +379,52 @@ def _refresh_fake_quantizers(model: nn.Module) -> None:
             module._update_qparams()
 
 
-def merge_observers(
-    model: nn.Module,
-    group: Any = None,
-    *,
-    batches: int = 0,
-    error: BaseException | None = None,
-) -> nn.Module:
-    """Merge every observer and calibrator of ``model`` across the ranks of ``group``, in place.
-
-    Every rank must call it (collectives). After it, every rank holds identical state, so
-    ``convert_pt2e`` (or ``load_calib_amax``) gives the same model on any rank.
+def calibrate_sharded(model: nn.Module, work: Callable[[Shard], int], group: Any, what: str) -> int:
+    """Run ``work`` (this rank's batches through ``model``, its argument checks first; returns
+    how many ran) through :func:`sharded`, then merge every observer and calibrator of
+    ``model`` across the ranks, in place: every rank then holds what one process would after
+    all the shards, so ``convert_pt2e`` (or ``load_calib_amax``) gives the same model on any.
 
     Args:
         model: a prepared model (observers), a QAT-prepared one (fake-quantize modules), or a
-            model with TensorQuantizers that collected statistics.
-        group: the process group (None: the default group).
-        batches: how many batches this rank saw (no data on any rank is an error).
-        error: what this rank raised while calibrating its shard, if anything: reported on
-            every rank instead of merging.
+            model with TensorQuantizers that collect statistics.
+        work: this rank's calibration, given its :class:`Shard`.
+        group: as for :func:`sharded`.
+        what: the entry point (``"calibrate"``).
 
     Returns:
-        ``model``.
+        The number of batches over every rank (this process's alone: nothing merged).
 
     Raises:
-        CalibrationError: some rank failed (every rank raises, naming it), or no rank saw data.
-        ConfigError: the ranks' models differ, or torch.distributed is not initialised.
-    """
-    if not active(group):
-        return model
+        QvizError: a rank failed (every rank raises, naming it; :func:`sharded`).
+        CalibrationError: distributed, and no rank saw data.
+        ConfigError: the ranks' models differ (named), or ``group`` is not a process group.
 
-    items = _items(model)
-    outcomes = gather_outcomes(
-        _outcome(model, items, batches), group, error=error, what="calibration"
-    )
+    Example:
+        >>> from qviz.engine.observers import MinMaxObserver
+        >>> model = torch.nn.Sequential(MinMaxObserver())
+        >>> calibrate_sharded(model, lambda shard: len([model(torch.ones(2))]), False, "example")
+        1
+    """
+
+    def measured(shard: Shard) -> dict:
+        seen = work(shard)
+        return _outcome(model, _items(model), seen) if shard.distributed else {"batches": seen}
+
+    outcomes = sharded(measured, group, what)
+    if outcomes.shard.distributed:
+        _merge(model, list(outcomes.shared), outcomes.shard.group)
+    return sum(o["batches"] for o in outcomes.shared)
+
+
+def _merge(model: nn.Module, outcomes: list[dict], group: Any) -> None:
+    """Every rank's observers merged into ``model``'s, from the exchanged outcomes."""
     _check_same_model(outcomes)
     if sum(o["batches"] for o in outcomes) == 0:
         raise CalibrationError(
             f"calibration on {len(outcomes)} ranks got no batches at all: every shard is empty"
         )
+    items = _items(model)
     shapes = _shapes(outcomes, items)
     round1 = _reduce([i.rule.round1(i.obj, s) for i, s in zip(items, shapes, strict=True)], group)
     round2 = _reduce(
@@ -273,15 +433,39 @@ def merge_observers(
     for item, r1, r2, shape in zip(items, round1, round2, shapes, strict=True):
         item.rule.apply(item.obj, r1, r2, shape)
     _refresh_fake_quantizers(model)
+
+
+def merge_observers(
+    model: nn.Module,
+    group: Any = None,
+    *,
+    batches: int = 0,
+    error: BaseException | None = None,
+) -> nn.Module:
+    """Merge every observer and calibrator of ``model`` across the ranks of ``group``, in place,
+    after calibrating this rank's shard by hand (:func:`calibrate_sharded` with the work done).
+
+    Args:
+        model: as for :func:`calibrate_sharded`.
+        group: None (the default group, if initialised), False or a ProcessGroup.
+        batches: how many batches this rank saw (no data on any rank is an error).
+        error: what this rank raised while calibrating its shard, if anything: reported on
+            every rank instead of merging (raised as it is for one process).
+
+    Returns:
+        ``model``.
+
+    Example:
+        >>> from qviz.engine.observers import MinMaxObserver
+        >>> model = torch.nn.Sequential(MinMaxObserver())
+        >>> merge_observers(model, group=False, batches=1) is model
+        True
+    """
+
+    def done(shard: Shard) -> int:
+        if error is not None:
+            raise error
+        return batches
+
+    calibrate_sharded(model, done, group, "calibrate")
     return model
-
-
-def run_sharded(model: nn.Module, work: Callable[[], int], group: Any = None) -> nn.Module:
-    """Run ``work`` (this rank's calibration; returns its batch count) and merge, reporting a
-    failure on every rank instead of leaving the others waiting in a collective."""
-    batches, error = 0, None
-    try:
-        batches = work()
-    except Exception as exc:  # reported to every rank, then raised there
-        error = exc
-    return merge_observers(model, group, batches=batches, error=error)

@@ -58,17 +58,22 @@ def calibrate(
             part; an empty shard is fine) and then every observer merges its statistics
             across the ranks, so that all ranks hold what one process would after all the
             shards (:mod:`qviz.engine.distributed.sharded` says what is exact); every rank must call
-            it. ``group=False`` calibrates this process alone.
+            it. ``group=False`` calibrates this process alone; anything but None, False or a
+            ``ProcessGroup`` is a ConfigError.
 
     Returns:
         ``model``, for chaining.
 
     Raises:
         ConfigError: ``model`` is not prepared (float, converted or quant_nn: checked before
-            anything runs); a batch whose inputs do not match the exported ones (count, dtype,
-            shape), named by its index; distributed: the ranks' prepared models differ.
-        CalibrationError: no batches at all (on any rank); distributed: a rank failed (raised
-            on every rank, naming the rank and its error).
+            anything runs); a bad ``max_batches`` or ``group``; a batch whose inputs do not
+            match the exported ones (count, dtype, shape), named by its index; distributed:
+            the ranks' prepared models differ, or a rank is in another entry point.
+        CalibrationError: no batches at all (on any rank).
+
+        Distributed, whatever one rank raises (a bad argument included) is raised on every
+        rank at once, naming that rank and its error, as the same class (its own when it is a
+        QvizError, else CalibrationError): no rank waits for one that failed.
 
     Example:
         >>> import torch, qviz
@@ -83,7 +88,6 @@ def calibrate(
         >>> prepared.activation_post_process_0.num_batches
         3
     """
-    check_max_batches(max_batches)
     work = functools.partial(_calibrate_shard, model, data, max_batches)
     run_calibration(model, work, progress, group, "calibrate")
     return model
@@ -106,20 +110,22 @@ def batch_total(batches: Any, max_batches: int | None) -> int | None:
 def run_calibration(
     model: nn.Module, work: Callable[[bool], int], progress: bool, group: Any, what: str
 ) -> None:
-    """Run ``work(show_progress)`` (this process's batches through ``model``; how many ran):
-    alone, or as this rank's shard followed by the merge of every observer across the ranks
-    (:func:`qviz.engine.distributed.sharded.run_sharded`; the progress bar is rank 0's)."""
-    if distributed.active(group):
-        rank, _ = distributed.rank_and_size(group)
-        distributed.run_sharded(model, functools.partial(work, progress and rank == 0), group)
-    elif work(progress) == 0:
+    """Run ``work(show_progress)`` (this process's argument checks, then its batches through
+    ``model``; how many ran): alone, or as this rank's shard followed by the merge of every
+    observer across the ranks, on the sharded path that reports any rank's error on every rank
+    (:func:`qviz.engine.distributed.sharded.calibrate_sharded`; the progress bar is rank 0's)."""
+    seen = distributed.calibrate_sharded(
+        model, lambda shard: work(progress and shard.rank == 0), group, what
+    )
+    if seen == 0:
         raise CalibrationError(f"{what} got no batches: the data is empty")
 
 
 def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progress: bool) -> int:
-    """Run this process's batches through ``model``; how many it ran."""
+    """Check the arguments, then run this process's batches through ``model``; how many ran."""
     from tqdm.auto import tqdm
 
+    check_max_batches(max_batches)
     check_stage(model, Stage.PREPARED, where="calibrate")
     batches = batches_of(data, "calibrate")
     total = batch_total(batches, max_batches)

@@ -176,9 +176,13 @@ def calibrate_quantizers(
         An :class:`AmaxTable`: one :class:`QuantizerAmax` per quantizer.
 
     Raises:
-        ConfigError: not a quant_nn model (checked first), or a failing batch (named by index).
+        ConfigError: not a quant_nn model (checked first), an unknown method, a bad
+            ``max_batches`` or ``group``, or a failing batch (named by index).
         CalibrationError: no enabled TensorQuantizer, no batches, or quantizers that saw no
             data (named: their layers never ran).
+
+        Distributed, whatever one rank raises before the merge (a bad argument included) is
+        raised on every rank at once, naming that rank (as for :func:`qviz.calibrate`).
 
     Example:
         >>> import torch, qviz
@@ -190,29 +194,40 @@ def calibrate_quantizers(
         >>> model[0].input_quantizer.amax is not None
         True
     """
+    chosen: dict[str, tuple[TensorQuantizer, CalibMethod, dict[str, Any]]] = {}
+
+    def shard(show_progress: bool) -> int:  # the checks inside: a rank's bad argument is shared
+        chosen.update(_choose(model, method, weight_method, max_batches, method_kwargs))
+        batches = batches_of(data, "calibrate_quantizers")
+        quantizers = [(name, tq) for name, (tq, _, _) in chosen.items()]
+        with _calibrating(model, quantizers):
+            return _collect(model, batches, batch_total(batches, max_batches), show_progress)
+
+    run_calibration(model, shard, progress, group, "calibrate_quantizers")
+    _check_all_saw_data([(name, tq) for name, (tq, _, _) in chosen.items()])
+    for name, (tq, chosen_method, kwargs) in chosen.items():
+        try:
+            tq.load_calib_amax(chosen_method, **kwargs)
+        except QvizError as exc:
+            raise type(exc)(f"{name}: {exc}") from exc
+    return AmaxTable(_record(name, tq, m) for name, (tq, m, _) in chosen.items())
+
+
+def _choose(
+    model: nn.Module,
+    method: CalibMethod | str,
+    weight_method: CalibMethod | str,
+    max_batches: int | None,
+    method_kwargs: dict[str, Any],
+) -> dict[str, tuple[TensorQuantizer, CalibMethod, dict[str, Any]]]:
+    """Check the arguments, then set each enabled quantizer's method: by name, the quantizer,
+    its method and that method's options."""
     check_stage(model, Stage.QUANT_NN, where="calibrate_quantizers")
     method, weight_method = CalibMethod.parse(method), CalibMethod.parse(weight_method)
     check_max_batches(max_batches)
-    quantizers = _quantizers(model)
-    chosen = {
-        name: weight_method if quantizer_role(name) == "weight" else method
-        for name, _ in quantizers
-    }
-    for name, tq in quantizers:
-        tq.set_calib_method(chosen[name])
-    batches = batches_of(data, "calibrate_quantizers")
-    total = batch_total(batches, max_batches)
-
-    def shard(show_progress: bool) -> int:
-        with _calibrating(model, quantizers):
-            return _collect(model, batches, total, show_progress)
-
-    run_calibration(model, shard, progress, group, "calibrate_quantizers")
-    _check_all_saw_data(quantizers)
-    for name, tq in quantizers:
-        kwargs = method_kwargs if chosen[name] is method else {}
-        try:
-            tq.load_calib_amax(chosen[name], **kwargs)
-        except QvizError as exc:
-            raise type(exc)(f"{name}: {exc}") from exc
-    return AmaxTable(_record(name, tq, chosen[name]) for name, tq in quantizers)
+    chosen = {}
+    for name, tq in _quantizers(model):
+        mine = weight_method if quantizer_role(name) == "weight" else method
+        tq.set_calib_method(mine)
+        chosen[name] = (tq, mine, method_kwargs if mine is method else {})
+    return chosen

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import time
 import traceback
 
 import torch
@@ -254,7 +255,7 @@ def failure_scenario(rank: int, world: int, group) -> str:
     data = [torch.randn(4, 5, 8, 8)] if rank == 1 else [batches[rank]]
     try:
         qviz.calibrate(prepared, data, progress=False, group=group)
-    except qviz.CalibrationError as exc:
+    except qviz.QvizError as exc:
         return f"{type(exc).__name__}: {exc}"
     return "no error"
 
@@ -275,6 +276,118 @@ def mismatch_scenario(rank: int, world: int, group) -> str:
     return "no error"
 
 
+# -- a bad argument, a bad batch or another call on one rank: every rank raises, in seconds -------
+#: the rank that does something wrong in the scenarios below
+BAD = 1
+
+
+def _linear_case():
+    """A tiny exported linear model, prepared and converted (calibrated on this rank alone)."""
+    data = [torch.randn(4, 4, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    gm = qviz.export(nn.Linear(4, 3).eval(), (data[0],))
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    converted = qviz.convert_pt2e(
+        qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), data, progress=False, group=False)
+    )
+    return gm, quantizer, qviz.prepare_pt2e(gm, quantizer), converted, data
+
+
+def _raised(call) -> dict:
+    """What ``call`` raised (a QvizError) and after how many seconds; anything else crashes."""
+    start = time.monotonic()
+    try:
+        call()
+    except qviz.QvizError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+    return {"error": "no error", "seconds": time.monotonic() - start}
+
+
+def bad_max_batches_scenario(rank: int, world: int, group) -> dict:
+    _, _, prepared, _, data = _linear_case()
+    limit = 0 if rank == BAD else None
+    return _raised(
+        lambda: qviz.calibrate(prepared, data, max_batches=limit, progress=False, group=group)
+    )
+
+
+def bad_method_scenario(rank: int, world: int, group) -> dict:
+    from qviz.engine.tensor.quant_modules import quantize_model
+
+    model = quantize_model(nn.Sequential(nn.Linear(4, 3), nn.ReLU()))
+    method = "maxx" if rank == BAD else "max"
+    data = [torch.randn(4, 4)]
+    return _raised(
+        lambda: qviz.calibrate_quantizers(model, data, method, progress=False, group=group)
+    )
+
+
+def bad_group_scenario(rank: int, world: int, group) -> dict:
+    _, _, prepared, _, data = _linear_case()
+    mine = True if rank == BAD else group
+    return _raised(lambda: qviz.calibrate(prepared, data, progress=False, group=mine))
+
+
+def bad_mode_scenario(rank: int, world: int, group) -> dict:
+    from qviz.numeric import sensitivity
+
+    gm, quantizer, _, _, data = _linear_case()
+    mode = "fallbak" if rank == BAD else "fallback"
+    return _raised(lambda: sensitivity(gm, quantizer, data, mode=mode, progress=False, group=group))
+
+
+def bad_stage_scenario(rank: int, world: int, group) -> dict:
+    """The bad rank hands compare its prepared model instead of the converted one."""
+    gm, _, prepared, converted, data = _linear_case()
+    quantized = prepared if rank == BAD else converted
+    return _raised(lambda: compare(gm, quantized, data, progress=False, group=group))
+
+
+def bad_batch_compare_scenario(rank: int, world: int, group) -> dict:
+    gm, _, _, converted, data = _linear_case()
+    mine = [torch.randn(4, 7)] if rank == BAD else data
+    return _raised(lambda: compare(gm, converted, mine, progress=False, group=group))
+
+
+def bad_batch_modules_scenario(rank: int, world: int, group) -> dict:
+    """quant_nn compare: the bad rank's batch does not fit the first layer."""
+    from qviz.engine.tensor.quant_modules import quantize_model
+
+    float_model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+    model = quantize_model(float_model)
+    qviz.calibrate_quantizers(model, [torch.randn(4, 4)], progress=False, group=False)
+    mine = [torch.randn(4, 7)] if rank == BAD else [torch.randn(4, 4)]
+    return _raised(lambda: compare(float_model, model, mine, progress=False, group=group))
+
+
+def bad_batch_sensitivity_scenario(rank: int, world: int, group) -> dict:
+    from qviz.numeric import sensitivity
+
+    gm, quantizer, _, _, data = _linear_case()
+    mine = [torch.randn(4, 7)] if rank == BAD else data
+    return _raised(lambda: sensitivity(gm, quantizer, mine, progress=False, group=group))
+
+
+def other_call_scenario(rank: int, world: int, group) -> dict:
+    """Rank 0 calibrates while the other ranks compare: a different call sequence."""
+    gm, _, prepared, converted, data = _linear_case()
+    if rank == 0:
+        return _raised(lambda: qviz.calibrate(prepared, data, progress=False, group=group))
+    return _raised(lambda: compare(gm, converted, data, progress=False, group=group))
+
+
+#: scenario -> what every rank's message must name
+FAILURES = {
+    "bad_max_batches": ("rank 1", "max_batches"),
+    "bad_method": ("rank 1", "maxx"),
+    "bad_group": ("rank 1", "group=True"),
+    "bad_mode": ("rank 1", "fallbak"),
+    "bad_stage": ("rank 1", "quantized_model"),
+    "bad_batch_compare": ("rank 1", "batch 0"),
+    "bad_batch_modules": ("rank 1", "batch 0"),
+    "bad_batch_sensitivity": ("rank 1", "batch 0"),
+    "other_call": ("rank 0: calibrate", "rank 1: compare"),
+}
+
 SCENARIOS = {
     "histogram": histogram_scenario,
     "minmax": minmax_scenario,
@@ -286,6 +399,7 @@ SCENARIOS = {
     "qat": qat_scenario,
     "failure": failure_scenario,
     "mismatch": mismatch_scenario,
+    **{name: globals()[f"{name}_scenario"] for name in FAILURES},
 }
 
 

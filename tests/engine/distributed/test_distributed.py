@@ -174,10 +174,12 @@ def test_sensitivity_on_every_rank_equals_one_process(ranks, one_thread):
 
 
 def test_a_failing_rank_is_named_on_every_rank_and_nobody_hangs(ranks):
+    """Its error's class on every rank (a batch that does not bind is a ConfigError, as in one
+    process), naming the rank and the batch."""
     messages = _results(ranks, "failure")
     for message in messages:
-        assert message.startswith("CalibrationError: calibration failed on 1 of"), message
-        assert "rank 1: " in message and "calibration batch 0" in message
+        assert message.startswith("ConfigError: calibrate failed on 1 of"), message
+        assert "rank 1: ConfigError: " in message and "calibration batch 0" in message
 
 
 def test_a_rank_with_another_model_is_named(ranks):
@@ -185,6 +187,38 @@ def test_a_rank_with_another_model_is_named(ranks):
     for message in _results(ranks, "mismatch"):
         assert message.startswith("ConfigError: rank "), message
         assert f"rank {world - 1}'s prepared model differs from rank 0's" in message
+
+
+#: well under the ranks' 60 s process-group timeout: nobody waited for a collective
+RAISE_WITHIN_S = 20
+
+
+@pytest.mark.parametrize("scenario", list(w.FAILURES))
+def test_one_rank_failing_before_the_collective_fails_every_rank_at_once(ranks, scenario):
+    """A bad argument (max_batches=0, a method typo, group=True, a mode typo, a model at the
+    wrong stage), a bad batch (calibrate, compare, quant_nn compare, sensitivity) or another
+    call (calibrate against compare) on one rank: every rank raises the same QvizError naming
+    the rank, within seconds, instead of waiting for the process group's timeout."""
+    outcomes = _results(ranks, scenario)
+    kinds = {o["error"].split(":", 1)[0] for o in outcomes}
+    assert len(kinds) == 1 and kinds != {"no error"}, [o["error"] for o in outcomes]
+    for rank, outcome in enumerate(outcomes):
+        for named in w.FAILURES[scenario]:
+            assert named in outcome["error"], f"rank {rank}: {outcome['error']}"
+        assert outcome["seconds"] < RAISE_WITHIN_S, f"rank {rank}: {outcome['seconds']:.1f} s"
+
+
+@pytest.mark.parametrize("group", [True, "gloo", 0])
+def test_a_group_that_is_not_a_process_group_is_refused_with_the_fix(group):
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(2, 4),))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )
+    with pytest.raises(qviz.ConfigError, match=f"group={group!r} is not a process group"):
+        qviz.calibrate(prepared, [torch.randn(2, 4)], progress=False, group=group)
 
 
 def test_an_unitialised_group_argument_is_refused_with_the_fix():
