@@ -208,6 +208,51 @@ def test_one_rank_failing_before_the_collective_fails_every_rank_at_once(ranks, 
         assert outcome["seconds"] < RAISE_WITHIN_S, f"rank {rank}: {outcome['seconds']:.1f} s"
 
 
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo process group in this process (127.0.0.1, a free port), destroyed after."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_sharded_path_raises_a_failing_rank_s_error_by_its_class_naming_the_rank(
+    one_rank_group,
+):
+    """A QvizError keeps its class (the rank's own error is the cause); anything else is a
+    CalibrationError; a bad group is a ConfigError, exchanged on the default group."""
+    from qviz.engine.distributed import sharded
+    from qviz.errors import CalibrationError, ConfigError
+
+    def bad_argument(shard):
+        raise ConfigError("max_batches must be a positive int")
+
+    with pytest.raises(ConfigError, match="example failed on 1 of 1 ranks") as info:
+        sharded(bad_argument, None, "example")
+    assert "rank 0: ConfigError: max_batches must be" in str(info.value)
+    assert isinstance(info.value.__cause__, ConfigError)
+
+    def broken(shard):
+        raise KeyError("layer")
+
+    with pytest.raises(CalibrationError, match="rank 0: KeyError: 'layer'"):
+        sharded(broken, one_rank_group, "example")
+    with pytest.raises(ConfigError, match="rank 0: ConfigError: group=True is not a process"):
+        sharded(lambda shard: 1, True, "example")
+    out = sharded(
+        lambda shard: (shard.rank, [1.5]), one_rank_group, "example", share=lambda r: r[1]
+    )
+    assert out.result == (0, [1.5]) and out.shared == ([1.5],) and out.others == ()
+
+
 @pytest.mark.parametrize("group", [True, "gloo", 0])
 def test_a_group_that_is_not_a_process_group_is_refused_with_the_fix(group):
     import qviz
