@@ -23,8 +23,6 @@ from typing import Any
 
 from qviz.errors import ConfigError, QvizError
 
-__all__ = ["main"]
-
 
 def _calibrators(args: argparse.Namespace) -> int:
     from qviz.data import digits_loaders, digits_metadata, digits_model, evaluate

@@ -21,15 +21,6 @@ import torch
 from qviz.data.model import DigitsNet
 from qviz.errors import QvizError
 
-__all__ = [
-    "CHECKPOINT_NAME",
-    "build_fingerprint",
-    "data_dir",
-    "digits_metadata",
-    "digits_model",
-    "save_digits_checkpoint",
-]
-
 CHECKPOINT_NAME = "digits_cnn"
 
 

@@ -18,8 +18,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-__all__ = ["SPLIT_SIZES", "DigitsLoaders", "digits_loaders", "digits_tensors"]
-
 SPLIT_SIZES = {"train": 1257, "calibration": 180, "test": 360}
 SPLIT_SEED = 0
 

@@ -21,8 +21,6 @@ from torch import nn
 from qviz.data.digits import DigitsLoaders
 from qviz.data.train import evaluate
 
-__all__ = ["int8_accuracy", "quantize_digits"]
-
 
 def quantize_digits(
     model: nn.Module,

@@ -18,8 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["ConvBNReLU", "DigitsNet", "ResidualBlock"]
-
 
 class ConvBNReLU(nn.Sequential):
     """3x3 convolution (no bias), BatchNorm, ReLU."""

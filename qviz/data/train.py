@@ -34,8 +34,6 @@ from qviz.data.model import DigitsNet
 from qviz.engine.graph.inputs import call_model, labelled_batches
 from qviz.engine.graph.stage import Stage, check_stage
 
-__all__ = ["TrainConfig", "evaluate", "train_digits_model"]
-
 
 class TrainConfig:
     """The recipe of the committed checkpoint (plain values, recorded in its metadata)."""

@@ -16,14 +16,6 @@ from typing import Any
 import torch
 import torch.fx.traceback as fx_traceback
 
-__all__ = [
-    "OpOverload",
-    "OpOverloadPacket",
-    "exported_call_args",
-    "quantized_decomposed",
-    "traced_meta",
-]
-
 #: Types of ATen operators (``torch.ops.aten.add.Tensor`` and ``torch.ops.aten.add``).
 OpOverload = torch._ops.OpOverload
 OpOverloadPacket = torch._ops.OpOverloadPacket

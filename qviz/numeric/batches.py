@@ -18,8 +18,6 @@ import torch
 
 from qviz.errors import ConfigError
 
-__all__ = ["batch_size", "check_metric", "flat_tensors"]
-
 
 def check_metric(metric: Any) -> None:
     """Raise ConfigError unless ``metric`` is None or a function (float_out, quant_out, target)."""

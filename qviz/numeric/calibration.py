@@ -29,8 +29,6 @@ from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibr
 from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.numeric.metrics import clipped_fraction, sqnr
 
-__all__ = ["CalibrationChoice", "calibration_choices", "compare_calibrators", "layer_tensors"]
-
 
 @dataclass(frozen=True)
 class CalibrationChoice:

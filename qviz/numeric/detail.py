@@ -32,8 +32,6 @@ from qviz.errors import ConfigError, closest_names
 from qviz.numeric.compare import output_probe
 from qviz.numeric.metrics import sqnr
 
-__all__ = ["MAX_POINTS", "LayerDetail", "layer_detail"]
-
 #: Values kept for the scatter (a seeded random subsample).
 MAX_POINTS = 5000
 

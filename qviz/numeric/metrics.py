@@ -18,8 +18,6 @@ import torch
 from qviz.engine.qparams import clip_limits, quant_range, symmetric_scale
 from qviz.errors import ConfigError
 
-__all__ = ["clipped_fraction", "histogram_clipped_fraction", "sqnr"]
-
 
 def _pair(reference: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if reference.shape != test.shape:

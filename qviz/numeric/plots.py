@@ -16,8 +16,6 @@ from typing import Any
 
 from qviz.errors import MissingDependencyError
 
-__all__ = ["detail_figure", "qat_figure", "sqnr_bars"]
-
 
 def _figure(**kwargs: Any) -> Any:
     try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["progress_bar"]
-
 
 def progress_bar(items: Iterable[Any], enabled: bool, desc: str, total: int | None = None) -> Any:
     """``tqdm(items)``, disabled when ``enabled`` is false."""

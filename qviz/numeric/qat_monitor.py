@@ -47,8 +47,6 @@ from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
 from qviz.numeric.qat_tally import Pending, Tally, sample_rows, tally_all
 
-__all__ = ["QATMonitor", "QATRecord"]
-
 #: samples kept per module between two steps before they are tallied anyway (memory bound)
 _MAX_PENDING = 8
 

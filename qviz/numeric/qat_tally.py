@@ -31,8 +31,6 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-__all__ = ["Pending", "Tally", "sample_rows", "tally_all"]
-
 _aten = torch.ops.aten
 
 

@@ -47,8 +47,6 @@ from typing import Any
 from qviz.engine.graph.node_data import op_name
 from qviz.errors import ConfigError
 
-__all__ = ["COLUMNS", "NumericReport"]
-
 COLUMNS = (
     "node",
     "op",

@@ -26,8 +26,6 @@ import torch
 
 from qviz.engine.qparams import clip_limits
 
-__all__ = ["ExactSum", "GridStats", "PairStats"]
-
 
 class ExactSum:
     """A float sum that does not depend on the order of its terms: Shewchuk's partials (a few

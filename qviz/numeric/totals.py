@@ -22,8 +22,6 @@ from typing import Any
 from qviz.numeric.batches import flat_tensors
 from qviz.numeric.streaming import ExactSum, PairStats
 
-__all__ = ["OutputTotals", "single"]
-
 
 def single(out: Any) -> Any:
     """A one-element list or tuple of outputs as its element (what a metric expects)."""

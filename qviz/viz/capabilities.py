@@ -14,8 +14,6 @@ from typing import Any
 
 from qviz.errors import ConfigError, MissingDependencyError
 
-__all__ = ["capabilities"]
-
 _COLUMNS = [
     "quantizer", "setting", "pattern", "observation", "input", "output", "weight", "bias",
     "dynamic",

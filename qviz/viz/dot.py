@@ -25,8 +25,6 @@ from qviz.errors import MissingDependencyError
 from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
 from qviz.viz.hierarchy import cluster_paths
 
-__all__ = ["HEAT", "PALETTE", "group_colour", "heat_colour", "to_digraph"]
-
 #: Fill colours of sharing groups (group id modulo the length), pastels with no grey: grey
 #: means "left in float".
 PALETTE = (

@@ -20,19 +20,6 @@ from dataclasses import dataclass
 
 from torch.fx import GraphModule, Node
 
-__all__ = [
-    "GraphView",
-    "ViewEdge",
-    "ViewNode",
-    "base_node",
-    "graph_edges",
-    "hidden",
-    "module_of",
-    "module_types",
-    "op_name",
-    "source_of",
-]
-
 
 @dataclass(frozen=True)
 class ViewNode:

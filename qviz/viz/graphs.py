@@ -33,8 +33,6 @@ from qviz.viz.hierarchy import collapse as collapse_view
 from qviz.viz.long_edges import fold_long_edges
 from qviz.viz.read_graph import read_graph
 
-__all__ = ["QGraph", "graph"]
-
 _FORMATS = ("svg", "png", "pdf")
 
 

@@ -25,8 +25,6 @@ from dataclasses import replace
 from qviz.errors import ConfigError, closest_names
 from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
 
-__all__ = ["cluster_paths", "collapse", "collapsed_path"]
-
 
 def collapsed_path(module: str, collapse_: int | Sequence[str] | None) -> str | None:
     """The module path ``module`` is merged into, or None when it stays expanded."""

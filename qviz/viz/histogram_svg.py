@@ -21,8 +21,6 @@ from typing import Any
 
 from qviz.viz.histograms import _COLORS, HistogramData, _display_bins, clipped_text
 
-__all__ = ["histogram_svg", "rows_html"]
-
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 56, 12, 24, 34
 
 

@@ -54,8 +54,6 @@ from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 from qviz.numeric.metrics import histogram_clipped_fraction
 
-__all__ = ["HistogramData", "QuantGrid", "histogram", "histogram_data"]
-
 _DEFAULT_METHODS = ("max", "percentile", "entropy", "mse")
 _DISPLAY_BINS = 256  # bins drawn (neighbours summed); the numbers use every bin
 _MAX_GRID_LEVELS = 64  # draw the quantization grid only when at most this many levels show

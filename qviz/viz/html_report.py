@@ -41,8 +41,6 @@ from typing import Any
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 
-__all__ = ["report"]
-
 #: Graphs with more drawn nodes than this are redrawn collapsed to module depth ``_COLLAPSE``.
 _BIG_GRAPH = 150
 _COLLAPSE = 2

@@ -34,8 +34,6 @@ from dataclasses import replace
 
 from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
 
-__all__ = ["LAYOUT_BUDGET", "MIN_SPAN", "fold_long_edges", "ranks", "virtual_nodes"]
-
 #: The virtual nodes dot is given: about 1 s of layout for densenet201's observed graph on one
 #: core. Estimates of this module: densenet121's observed graph needs ~38,400 for 747 nodes
 #: (3.7 s of layout unfolded), densenet201's ~260,000 for 1,227 (over a minute); swin_v2_t's

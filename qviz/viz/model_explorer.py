@@ -68,8 +68,6 @@ from qviz.engine.graph.node_data import (
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.errors import ConfigError, closest_names
 
-__all__ = ["GRAPH_ID", "SQNR_CAP", "ModelExplorerData", "node_data", "to_model_explorer"]
-
 #: The graph id Model Explorer's PyTorch adapter gives an ExportedProgram's (only) graph.
 GRAPH_ID = "graph"
 #: dB written for an infinite SQNR (JSON has no infinity); -SQNR_CAP for -inf.

@@ -27,8 +27,6 @@ from torch.fx import GraphModule, Node
 from qviz.engine.tensor.records import QuantizerRecord, quantizer_records, short_values
 from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode, base_node, graph_edges, hidden
 
-__all__ = ["STAGE", "marker_label", "marker_name", "quantizer_view"]
-
 #: The stage name of a graph exported from a quant_nn model.
 STAGE = "quant_nn"
 _ROLE_GROUP = {"input": 0, "weight": 1}

@@ -31,8 +31,6 @@ import torch
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 
-__all__ = ["ranges"]
-
 
 def _new_figure(**kwargs: Any) -> Any:
     try:

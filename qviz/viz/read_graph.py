@@ -53,14 +53,6 @@ from qviz.viz.graph_records import (
 )
 from qviz.viz.quantizer_view import quantizer_view
 
-__all__ = [
-    "annotated_view",
-    "describe_group",
-    "read_graph",
-    "spec_text",
-    "stage_of",
-]
-
 _Q_NAMESPACE = "quantized_decomposed"
 
 

@@ -53,14 +53,6 @@ from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.widgets.dashboard_table import COLOR_COLUMNS, SORT_COLUMNS, choice, float_row, sorted_rows
 from qviz.widgets.dashboard_view import DashboardView
 
-__all__ = [
-    "COLOR_COLUMNS",
-    "SORT_COLUMNS",
-    "DashboardState",
-    "NumericDashboard",
-    "Run",
-]
-
 
 @dataclass(frozen=True)
 class Run:

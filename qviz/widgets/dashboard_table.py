@@ -21,15 +21,6 @@ from typing import Any
 
 from qviz.errors import ConfigError
 
-__all__ = [
-    "COLOR_COLUMNS",
-    "HIGHER_IS_BETTER",
-    "SORT_COLUMNS",
-    "choice",
-    "float_row",
-    "sorted_rows",
-]
-
 #: What the table sorts by: graph order, or a report column, worst first.
 SORT_COLUMNS = (
     "graph", "local_sqnr", "cumulative_sqnr", "weight_sqnr", "cumulative_cosine", "cumulative_mse",

@@ -25,8 +25,6 @@ from qviz.widgets.dashboard_table import COLOR_COLUMNS, HIGHER_IS_BETTER, SORT_C
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.layout import figure_png, row, scrolling, split
 
-__all__ = ["Dashboard", "DashboardView", "history_html", "row_label"]
-
 _STYLE = (
     "<style>.qviz-dash-rows select, .qviz-dash-mono {font-family: monospace; font-size: 12px; "
     "white-space: pre}</style>"

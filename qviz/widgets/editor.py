@@ -43,8 +43,6 @@ from qviz.errors import ConfigError, QvizError
 from qviz.widgets.editor_view import EditorView
 from qviz.widgets.folding import Folding
 
-__all__ = ["AnnotationEditor"]
-
 
 def _dynamic_batch(gm: GraphModule) -> bool:
     """Whether the graph was exported with a symbolic first dimension (``dynamic_batch=True``)."""

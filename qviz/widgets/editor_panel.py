@@ -21,8 +21,6 @@ from typing import Any
 from qviz.engine.quantizers.fallback import inside_module, module_path
 from qviz.widgets.layout import breakable, scrolling
 
-__all__ = ["describe", "panel_html", "rows_html"]
-
 
 def _row(editor: Any, record: Any) -> dict[str, Any]:
     plan = editor.plan

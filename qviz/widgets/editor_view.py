@@ -19,8 +19,6 @@ from qviz.widgets.editor_panel import panel_html
 from qviz.widgets.graph_panel import linked_graph
 from qviz.widgets.layout import row, split
 
-__all__ = ["KEEP", "NONE", "Editor", "EditorView", "changes_from"]
-
 KEEP = "(keep)"
 NONE = "(none)"
 _INT4 = "int4 (int8 storage, -8..7)"

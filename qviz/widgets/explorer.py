@@ -54,10 +54,8 @@ from typing import Any
 
 from qviz.errors import ConfigError, QvizError
 from qviz.viz.histograms import HistogramData
-from qviz.widgets.explorer_sources import METHODS, source_for
+from qviz.widgets.explorer_sources import source_for
 from qviz.widgets.explorer_view import ExplorerView
-
-__all__ = ["METHODS", "CalibrationExplorer", "ExplorerState"]
 
 
 @dataclass(frozen=True)

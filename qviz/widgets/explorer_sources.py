@@ -46,8 +46,6 @@ from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError, closest_names
 from qviz.viz.histograms import HistogramData, QuantGrid, histogram_data
 
-__all__ = ["METHODS", "PlanSource", "QuantizerSource", "label_of", "merge", "source_for"]
-
 #: Every method the explorer offers (a source offers those it can compute).
 METHODS = ("max", "percentile", "entropy", "mse", "l2")
 _CALIBRATOR_METHODS = ("max", "percentile", "entropy", "mse")

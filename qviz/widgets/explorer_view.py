@@ -24,8 +24,6 @@ from qviz.viz.histogram_svg import histogram_svg, rows_html
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.layout import row, scrolling, split
 
-__all__ = ["Explorer", "ExplorerView"]
-
 
 class Explorer(Protocol):
     """What :class:`ExplorerView` reads and calls: the public surface of a CalibrationExplorer."""

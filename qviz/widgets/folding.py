@@ -22,8 +22,6 @@ from torch.fx import GraphModule
 
 from qviz.engine.quantizers.fallback import module_path
 
-__all__ = ["BIG_GRAPH", "Folding"]
-
 #: Graphs with more operators than this open with every top-level module collapsed.
 BIG_GRAPH = 50
 

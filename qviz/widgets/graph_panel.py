@@ -33,8 +33,6 @@ from qviz.errors import QvizError
 from qviz.widgets.folding import Folding
 from qviz.widgets.graph_widget import GraphWidget
 
-__all__ = ["FoldedGraph", "linked_graph"]
-
 
 def linked_graph(
     on_select: Callable[[str], Any],

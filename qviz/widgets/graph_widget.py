@@ -31,8 +31,6 @@ import traitlets
 from qviz.errors import ConfigError
 from qviz.viz.graphs import QGraph, graph
 
-__all__ = ["GraphWidget", "marker_refs", "strip_prolog"]
-
 _STATIC = Path(__file__).parent / "static"
 
 

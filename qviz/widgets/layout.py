@@ -21,8 +21,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PANEL_CSS", "breakable", "figure_png", "row", "scrolling", "split"]
-
 _BREAK = re.compile(r"(?<=_)|(?<=[a-z0-9])(?=[A-Z])")
 
 #: The panel's rules: wrap rows, wrap table cells, scroll what still does not fit.

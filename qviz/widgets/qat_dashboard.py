@@ -28,7 +28,7 @@ Example:
     >>> model = prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(
     ...     get_symmetric_quantization_config(is_qat=True)))
     >>> monitor = QATMonitor(model)
-    >>> dash = QATDashboard(monitor, every=2, min_interval_s=0, figure=False)
+    >>> dash = QATDashboard(monitor, every=2, min_interval_s=0, max_share=1, figure=False)
     >>> for _ in range(5):
     ...     _ = model(torch.randn(2, 4)); monitor.step(loss=1.0)
     >>> dash.shown_step, dash.refresh().shown_step
@@ -44,8 +44,6 @@ from typing import Any
 
 from qviz.errors import ConfigError
 from qviz.widgets.qat_dashboard_view import QATDashboardView
-
-__all__ = ["QATDashboard"]
 
 
 class QATDashboard:

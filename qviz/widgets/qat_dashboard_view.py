@@ -23,8 +23,6 @@ from typing import Any, Protocol
 from qviz.errors import QvizError
 from qviz.widgets.layout import figure_png, scrolling, split
 
-__all__ = ["QATDashboardView", "QATShown", "status_text", "table_html"]
-
 _PREFIX = "activation_post_process_"
 _HEAD = ("module", "group", "scale", "zero_point", "changes", "clipped (last step)", "|x| / scale")
 

@@ -33,8 +33,6 @@ from torch.nn import functional as F
 from qviz.engine.backend_config.dtypes import DTypeConfig, ObservationType
 from qviz.errors import ConfigError
 
-__all__ = ["BackendConfig", "BackendPatternConfig", "Pattern", "pattern_name"]
-
 #: One element of a pattern: a module class, a function / ATen operator, or a Tensor method name.
 PatternElement = type | Callable[..., Any] | str
 #: A pattern: one element, or a tuple of elements in forward order (``(nn.Conv2d, nn.ReLU)``).

@@ -30,8 +30,6 @@ from qviz.engine.backend_config.observers import ObserverFacts
 from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
-__all__ = ["annotation_problem", "dtype_config_problem", "is_weighted", "spec_facts", "weight_of"]
-
 _FLOAT = (*FLOAT_DTYPES, None)  # None: a tensor left unquantized
 
 

@@ -28,8 +28,6 @@ import torch
 
 from qviz.errors import ConfigError
 
-__all__ = ["DTypeConfig", "DTypeWithConstraints", "ObservationType"]
-
 
 class ObservationType(enum.Enum):
     """How the output of a pattern is observed, relative to its input."""

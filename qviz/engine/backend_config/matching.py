@@ -43,16 +43,6 @@ from qviz.engine.quantizers.scope import (
 )
 from qviz.errors import ConfigError
 
-__all__ = [
-    "Unit",
-    "element_matches",
-    "first_nodes",
-    "following_units",
-    "graph_units",
-    "match_chain",
-    "unit_chain",
-]
-
 
 @dataclass(frozen=True, eq=False)
 class Unit:

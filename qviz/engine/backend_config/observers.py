@@ -30,8 +30,6 @@ from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.specs import FixedQParamsQuantizationSpec, QuantizationSpec, QuantizationSpecBase
 from qviz.errors import ConfigError
 
-__all__ = ["ObserverFacts", "observer_spec"]
-
 _NOT_OBSERVING = ("NoopObserver", "ReuseInputObserver")
 
 

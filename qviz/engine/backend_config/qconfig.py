@@ -31,8 +31,6 @@ from typing import Any, NamedTuple
 
 from qviz.errors import ConfigError
 
-__all__ = ["QConfig", "QConfigMapping", "get_default_qconfig_mapping"]
-
 
 class QConfig(NamedTuple):
     """Observer constructors for a pattern's activations and its weight (None: not observed).

@@ -66,8 +66,6 @@ from qviz.engine.quantizers.scope import check_module_names
 from qviz.engine.specs import SharedQuantizationSpec
 from qviz.errors import AnnotationError
 
-__all__ = ["BackendConfigQuantizer"]
-
 
 def _length(config: BackendPatternConfig) -> int:
     return len(config.pattern) if isinstance(config.pattern, tuple) else 1

@@ -18,8 +18,6 @@ from torch.fx import GraphModule
 from qviz.engine.graph.debug_handles import assign_handles
 from qviz.errors import ConfigError, QvizError
 
-__all__ = ["dynamic_batch_shapes", "export"]
-
 
 def dynamic_batch_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     """``dynamic_shapes`` making dimension 0 of every tensor input one shared dynamic "batch".

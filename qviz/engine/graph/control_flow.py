@@ -26,8 +26,6 @@ from collections.abc import Iterator
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["loop_bodies", "replace_submodule"]
-
 #: For each control-flow operator, the argument that holds the body it runs per step.
 _BODY_ARGUMENT = {"scan": 0, "while_loop": 1}
 

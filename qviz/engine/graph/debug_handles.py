@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from torch.fx import GraphModule, Node
 
-__all__ = ["COMPARE_AS", "HANDLE", "assign_handles", "float_handle", "handle"]
-
 #: ``node.meta`` key of an operator's debug handle (an int).
 HANDLE = "qviz_handle"
 #: ``node.meta`` key of the handle of the float node whose output this node now computes.

@@ -16,8 +16,6 @@ from typing import Any
 from torch import nn
 from torch.fx import Node
 
-__all__ = ["get_attr_value", "register_new_buffer"]
-
 _REQUIRED = object()
 
 

@@ -63,19 +63,6 @@ from torch.fx import GraphModule
 from qviz.engine.compat import exported_call_args
 from qviz.errors import ConfigError, QvizError
 
-__all__ = [
-    "TARGET_KEYS",
-    "ModelInputs",
-    "batch_errors",
-    "batches_of",
-    "bind_batch",
-    "call_model",
-    "check_inputs",
-    "checked_batches",
-    "guard_errors",
-    "labelled_batches",
-]
-
 #: Keys of a dict batch that hold the target when the model takes no parameter of that name.
 TARGET_KEYS = ("labels", "label", "target", "targets")
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from torch.fx import Node
 
-__all__ = ["module_names", "module_type_names", "qualified_name"]
-
 
 def _strip_self(path: str) -> str:
     prefix = "L['self']."

@@ -29,8 +29,6 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.compat import OpOverload
 
-__all__ = ["aliased_attr", "is_written_buffer_edge", "written_attrs"]
-
 
 def _returns_alias(node: Node) -> bool:
     """``node``'s result is its first argument's storage (a view, or an in-place op's result)."""

@@ -36,18 +36,6 @@ from qviz.engine.compat import quantized_decomposed
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.errors import ConfigError, closest_names
 
-__all__ = [
-    "DEFAULT_COLUMNS",
-    "REPORT_COLUMNS",
-    "SCALE",
-    "check_report_matches",
-    "op_name",
-    "output_scales",
-    "report_columns",
-    "report_ops",
-    "report_values",
-]
-
 #: The value read from the graph rather than the report: the output quantize's scale.
 SCALE = "scale"
 #: The report's columns handed on by default: local / cumulative SQNR (dB), clipped share.

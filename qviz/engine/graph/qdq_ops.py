@@ -19,15 +19,6 @@ from torch.fx import Node
 
 from qviz.engine.compat import quantized_decomposed
 
-__all__ = [
-    "choose_qparams_ops",
-    "chosen_by",
-    "dequantize_ops",
-    "is_qdq",
-    "is_sym_size",
-    "quantize_ops",
-]
-
 
 def _affine(name: str) -> set:
     """torchao's affine op ``name`` if torchao registered it (never imported from here): the

@@ -44,8 +44,6 @@ from torch.fx import GraphModule
 from qviz.engine.compat import OpOverload
 from qviz.errors import ConfigError
 
-__all__ = ["Stage", "check_stage", "is_observer", "model_stage"]
-
 _QDQ_NAMESPACES = ("quantized_decomposed", "torchao")
 
 

@@ -49,15 +49,6 @@ from torch.fx import GraphModule, Node
 
 from qviz.errors import ConfigError, ExportedModeError
 
-__all__ = [
-    "allow_exported_model_train_eval",
-    "disallow_train_eval",
-    "freeze_bn_stats",
-    "move_exported_model_to_eval",
-    "move_exported_model_to_train",
-    "update_bn_stats",
-]
-
 aten = torch.ops.aten
 
 #: The ops whose behaviour depends on the mode, and the position of their mode argument.

@@ -40,8 +40,6 @@ from torch import nn
 from qviz.engine.qparams import DTYPE_RANGES
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["INTEGER_DTYPE_RANGES", "ObserverBase", "ObserverFactory"]
-
 #: Full integer range of every storage dtype the observers compute qparams for.
 INTEGER_DTYPE_RANGES: dict[torch.dtype, tuple[int, int]] = {
     **DTYPE_RANGES,

@@ -30,8 +30,6 @@ import math
 
 import torch
 
-__all__ = ["histc", "rebin"]
-
 _BLOCK = 1 << 17  # elements per step: 512 KiB of float32 scratch stays in cache
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny

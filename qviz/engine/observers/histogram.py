@@ -56,8 +56,6 @@ from qviz.engine.qparams import MAX_NUM_BITS
 from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["HISTOGRAM_METHODS", "HistogramObserver", "parse_histogram_method"]
-
 #: The ways a HistogramObserver can pick its range.
 HISTOGRAM_METHODS = ("l2", *(m.value for m in CalibMethod))
 _AMAX_OPTIONS = ("percentile", "start_bin", "stride")

@@ -51,8 +51,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["l2_search", "quantization_errors"]
-
 _STEP = 1e-5  # quantile granularity of torch's search
 _NUM_STEPS = 100_010  # more steps than the bounds can take before they meet
 _FLOAT32 = struct.Struct("f")

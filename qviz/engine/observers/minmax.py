@@ -35,13 +35,6 @@ from qviz.engine.observers.uniform import (
 )
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = [
-    "MinMaxObserver",
-    "MovingAverageMinMaxObserver",
-    "MovingAveragePerChannelMinMaxObserver",
-    "PerChannelMinMaxObserver",
-]
-
 _EPS32 = torch.finfo(torch.float32).eps
 
 

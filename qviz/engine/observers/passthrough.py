@@ -39,8 +39,6 @@ from qviz.engine.observers.uniform import (
 )
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["DerivedQParamsObserver", "FixedQParamsObserver", "PlaceholderObserver"]
-
 _ALL_QSCHEMES = PER_TENSOR_QSCHEMES + PER_CHANNEL_QSCHEMES
 
 

@@ -42,8 +42,6 @@ from qviz.engine.observers.base import (
 )
 from qviz.errors import ConfigError
 
-__all__ = ["PER_CHANNEL_QSCHEMES", "PER_TENSOR_QSCHEMES", "UniformQuantizationObserverBase"]
-
 PER_TENSOR_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric)
 PER_CHANNEL_QSCHEMES = (
     torch.per_channel_affine,

@@ -77,8 +77,6 @@ from qviz.engine.qparams import quant_range
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer, fb_fake_quant
 from qviz.errors import ConfigError, MissingDependencyError, OnnxExportError
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "OnnxExport", "export_onnx"]
-
 #: torch.onnx's default opset; int16 / uint16 ranges need :data:`INT16_OPSET` (21).
 DEFAULT_OPSET = 20
 #: The oldest opset torch.onnx's dynamo exporter writes without a version conversion.

@@ -39,8 +39,6 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.node_data import op_name
 
-__all__ = ["NAME_SCOPES", "PREFIX", "format_value", "onnx_sources", "write_metadata"]
-
 #: The key prefix of qviz's properties.
 PREFIX = "qviz."
 #: torch.onnx's node property naming the FX nodes an ONNX node comes from (innermost last).

@@ -46,8 +46,6 @@ from qviz.engine.graph.qdq_ops import choose_qparams_ops, dequantize_ops, quanti
 from qviz.engine.onnx.ranges import OnnxRange, OnnxType, onnx_type_of_dtype
 from qviz.errors import OnnxExportError
 
-__all__ = ["check_graph", "has_qdq", "onnx_ready_copy"]
-
 
 def has_qdq(gm: GraphModule) -> bool:
     """``gm`` holds quantize or dequantize operators (a converted model).

@@ -29,14 +29,6 @@ import torch
 
 from qviz.errors import OnnxExportError
 
-__all__ = [
-    "INT16_OPSET",
-    "OnnxRange",
-    "OnnxType",
-    "onnx_type",
-    "onnx_type_of_dtype",
-]
-
 #: The first opset whose QuantizeLinear / DequantizeLinear take int16 and uint16.
 INT16_OPSET = 21
 

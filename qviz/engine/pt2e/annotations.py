@@ -34,8 +34,6 @@ from qviz.engine.specs import (
 )
 from qviz.errors import AnnotationError
 
-__all__ = ["collect_specs", "out_arguments", "rebind_annotations"]
-
 
 def out_arguments(node: Node) -> list[str]:
     """The keyword-only arguments ``node``'s operator writes its result into (``out=``)."""

@@ -50,8 +50,6 @@ from qviz.engine.pt2e.passes.qat_conv_bn import fold_qat_conv_bn
 from qviz.engine.pt2e.plan import QParams, QuantPlan, plan_of, set_plan
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["convert_pt2e", "is_observer"]
-
 
 def _saw_no_data(obs: nn.Module) -> bool:
     inner = getattr(obs, "activation_post_process", None)

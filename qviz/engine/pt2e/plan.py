@@ -41,23 +41,6 @@ from qviz.engine.specs import (
 )
 from qviz.errors import ConfigError, closest_names
 
-__all__ = [
-    "PLAN_KEY",
-    "QAT_PART",
-    "FloatReason",
-    "FloatRecord",
-    "GroupRecord",
-    "QParams",
-    "QuantPlan",
-    "SpecSummary",
-    "TensorRecord",
-    "TensorRef",
-    "build_plan",
-    "plan_of",
-    "require_plan",
-    "set_plan",
-]
-
 aten = torch.ops.aten
 
 #: ``node.meta`` key of the nodes QAT adds around a trainable conv + BatchNorm (and of that

@@ -55,8 +55,6 @@ from qviz.engine.specs import (
 )
 from qviz.errors import AnnotationError, ConfigError
 
-__all__ = ["annotate_pt2e", "check_inputs", "observe_annotated", "prepare_pt2e"]
-
 _WRITTEN_BUFFER = (
     "buffer written in place: the model's state is not observed; the values written into it "
     "and the result are, with this group's qparams"

@@ -46,8 +46,6 @@ from qviz.engine.pt2e.passes.qat_conv_bn import fuse_conv_bn_for_qat
 from qviz.engine.pt2e.plan import require_plan, set_plan
 from qviz.engine.pt2e.prepare import check_inputs, observe_annotated
 
-__all__ = ["prepare_qat_pt2e"]
-
 
 def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     """Insert fake-quantize modules as ``quantizer`` annotates ``model``; return the copy.

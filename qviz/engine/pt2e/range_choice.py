@@ -31,8 +31,6 @@ from qviz.engine.observers import HistogramObserver, parse_histogram_method
 from qviz.engine.pt2e.plan import GroupRecord, plan_of, require_plan, set_plan
 from qviz.errors import ConfigError
 
-__all__ = ["choose_range"]
-
 
 def _groups(prepared: Any, observers: Sequence[str] | str | None) -> list[GroupRecord]:
     plan = plan_of(prepared)

@@ -48,8 +48,6 @@ from torch.fx import Node
 from qviz.engine.specs import EdgeOrNode, QuantizationSpecBase, SharedQuantizationSpec
 from qviz.errors import AnnotationError
 
-__all__ = ["Link", "Membership", "Sharing", "describe", "resolve_sharing"]
-
 #: Attributes two specs must agree on for an edge to share its producer's observer implicitly.
 IMPLICIT_SHARING_ATTRS = (
     "dtype",

@@ -29,20 +29,6 @@ from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.quantizers.base import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpecBase
 
-__all__ = [
-    "DTYPE_CONSTRAINT",
-    "FILTERED_BY_MODULE_NAME",
-    "FILTERED_BY_MODULE_TYPE",
-    "PATTERN_UNSUPPORTED",
-    "USER_FALLBACK",
-    "annotate",
-    "float_input_problem",
-    "is_annotated",
-    "mark_annotated",
-    "output_is_annotated",
-    "record_float_reason",
-]
-
 FILTERED_BY_MODULE_NAME = "filtered by module name"
 FILTERED_BY_MODULE_TYPE = "filtered by module type"
 DTYPE_CONSTRAINT = "dtype constraint violated"

@@ -72,18 +72,6 @@ from qviz.engine.specs import (
     SharedQuantizationSpec,
 )
 
-__all__ = [
-    "DYNAMIC_ANNOTATORS",
-    "FIXED_QPARAMS_OPS",
-    "REFERENCE_SHARE_OPS",
-    "SHARE_OPS",
-    "STATIC_ANNOTATORS",
-    "Annotator",
-    "annotate_linear",
-    "fixed_qparams_spec",
-    "propagate_shared",
-]
-
 aten = torch.ops.aten
 Partition = list[Node]
 Annotator = Callable[[GraphModule, QuantizationConfig, Scope], list[Partition]]

@@ -39,14 +39,6 @@ from torch.fx import GraphModule, Node
 from qviz.engine.specs import Q_ANNOTATION_KEY
 from qviz.errors import AnnotationError, ConfigError
 
-__all__ = [
-    "FLOAT_DETAIL_KEY",
-    "FLOAT_REASONS",
-    "FLOAT_REASON_KEY",
-    "ComposableQuantizer",
-    "Quantizer",
-]
-
 #: ``node.meta`` key: why a quantizer left the node in float (one of :data:`FLOAT_REASONS`).
 FLOAT_REASON_KEY = "qviz_float_reason"
 #: ``node.meta`` key: a short human-readable detail for the float reason.

@@ -20,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Capability", "describe_spec"]
-
 
 @dataclass(frozen=True)
 class Capability:

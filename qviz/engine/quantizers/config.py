@@ -34,8 +34,6 @@ from qviz.engine.observers.fake_quantize import FakeQuantize, FusedMovingAvgObsF
 from qviz.engine.specs import QuantizationConfig, QuantizationSpec
 from qviz.errors import ConfigError
 
-__all__ = ["check_config", "config_code", "get_symmetric_quantization_config"]
-
 #: Smallest scale the observers return (as torchao's XNNPACK config).
 _EPS = 2**-12
 _PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)

@@ -35,8 +35,6 @@ from qviz.engine.quantizers.base import Quantizer
 from qviz.engine.specs import Q_ANNOTATION_KEY
 from qviz.errors import AnnotationError, ConfigError, closest_names
 
-__all__ = ["FallbackQuantizer", "WrappingQuantizer", "inside_module", "module_path"]
-
 
 def module_path(node: Node) -> str:
     """The innermost module path of ``node`` (``""`` for the top level).

@@ -79,8 +79,6 @@ from qviz.engine.specs import (
 )
 from qviz.errors import ConfigError, closest_names
 
-__all__ = ["CHANGE_KEYS", "OverrideQuantizer", "normalize_overrides"]
-
 CHANGE_KEYS = (
     "dtype",
     "quant_min",

@@ -34,22 +34,6 @@ import torch
 from torch.fx import Graph, Node
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-__all__ = [
-    "ADD_OPS",
-    "BN_OPS",
-    "CONV_ACT_OPS",
-    "CONV_BN_OPS",
-    "CONV_OPS",
-    "CONV_TRANSPOSE_BN_OPS",
-    "CONV_TRANSPOSE_OPS",
-    "LINEAR_OPS",
-    "MUL_OPS",
-    "RELU_OPS",
-    "PatternMatch",
-    "find_chains",
-    "nodes_calling",
-]
-
 aten = torch.ops.aten
 #: Convolutions annotated alone (conv1d / conv2d, also with padding="same").
 CONV_OPS = (aten.conv1d.default, aten.conv2d.default, aten.conv1d.padding, aten.conv2d.padding)

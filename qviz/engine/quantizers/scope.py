@@ -36,20 +36,6 @@ from qviz.engine.graph.module_stack import (
 )
 from qviz.errors import ConfigError, closest_names
 
-__all__ = [
-    "AtenOp",
-    "OperatorLike",
-    "Scope",
-    "check_module_names",
-    "in_module_name",
-    "in_module_type",
-    "module_names",
-    "module_type_names",
-    "operator_matches",
-    "qualified_name",
-    "resolve_operator",
-]
-
 #: An ATen operator: one overload (``aten.add.Tensor``) or all of them (``aten.add``).
 AtenOp = OpOverload | OpOverloadPacket
 #: What set_operator_type accepts: an ATen operator, or a torch function or method.

@@ -22,8 +22,6 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["scalars_to_tensors"]
-
 aten = torch.ops.aten
 _SCALAR_OPERAND_OPS = (aten.add.Tensor, aten.mul.Tensor)
 _PREFIX = "_tensor_constant_"

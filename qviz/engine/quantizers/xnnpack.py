@@ -54,10 +54,10 @@ from qviz.engine.quantizers.annotators import (
 )
 from qviz.engine.quantizers.base import FLOAT_DETAIL_KEY, FLOAT_REASON_KEY, Quantizer
 from qviz.engine.quantizers.capabilities import Capability
-from qviz.engine.quantizers.config import (
+from qviz.engine.quantizers.config import (  # the doctests below use get_symmetric_...
     check_config,
     config_code,
-    get_symmetric_quantization_config,
+    get_symmetric_quantization_config,  # noqa: F401
 )
 from qviz.engine.quantizers.scope import (
     AtenOp,
@@ -73,8 +73,6 @@ from qviz.engine.quantizers.scope import (
 from qviz.engine.quantizers.transforms import scalars_to_tensors
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationConfig
 from qviz.errors import ConfigError
-
-__all__ = ["XNNPACKQuantizer", "get_symmetric_quantization_config"]
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,6 @@ from qviz.engine.quantizers.annotators import FIXED_QPARAMS_OPS, SHARE_OPS
 from qviz.engine.quantizers.capabilities import Capability, describe_spec
 from qviz.engine.specs import QuantizationConfig
 
-__all__ = ["xnnpack_capabilities"]
-
 #: The annotators' patterns in claiming order: name, and whether it has a weight.
 WEIGHTED = (
     "(conv, batch_norm, relu)", "(conv, batch_norm)", "(conv_transpose, batch_norm, relu)",

@@ -21,20 +21,6 @@ from qviz.engine.qparams import validate_num_bits
 from qviz.engine.tensor.calib.base import CalibMethod, normalize_axis
 from qviz.errors import ConfigError
 
-__all__ = [
-    "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL",
-    "QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW",
-    "QUANT_DESC_8BIT_PER_TENSOR",
-    "QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR",
-    "QuantDescriptor",
-    "short_amax",
-]
-
 
 def _amax_tensor(amax) -> torch.Tensor | None:
     if amax is None:

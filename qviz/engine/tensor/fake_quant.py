@@ -26,13 +26,6 @@ import torch
 from qviz.engine.qparams import quant_range
 from qviz.errors import QuantizationError
 
-__all__ = [
-    "FakeTensorQuantFunction",
-    "TensorQuantFunction",
-    "quantize_symmetric",
-    "torch_fake_quant",
-]
-
 _TINY_AMAX = 1.0 / (1 << 24)  # below the smallest fp16 subnormal: treated as amax = 0
 
 

@@ -42,16 +42,6 @@ from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor.tensor_quantizer import EXPORT_META_KEY, TensorQuantizer
 from qviz.errors import ConfigError
 
-__all__ = [
-    "QuantizerCall",
-    "QuantizerRecord",
-    "is_quantizer_node",
-    "quantizer_path",
-    "quantizer_records",
-    "quantizer_role",
-    "short_values",
-]
-
 _TYPE_NAME = f"{TensorQuantizer.__module__}.{TensorQuantizer.__qualname__}"
 
 

@@ -31,8 +31,6 @@ from qviz.engine.tensor.fake_quant import (
 )
 from qviz.errors import ConfigError, QvizError
 
-__all__ = ["EXPORT_META_KEY", "TensorQuantizer", "fb_fake_quant"]
-
 #: Under ``torch.export`` every node a quantizing TensorQuantizer becomes carries
 #: ``node.meta["custom"][EXPORT_META_KEY]``: its :meth:`TensorQuantizer.facts`.
 EXPORT_META_KEY = "qviz_tensor_quantizer"

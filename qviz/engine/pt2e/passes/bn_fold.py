@@ -34,17 +34,6 @@ from qviz.engine.graph.debug_handles import COMPARE_AS, handle
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.graph.module_stack import module_type_names
 
-__all__ = [
-    "BN_OPS",
-    "CONV_OPS",
-    "FOLDED_BN",
-    "LINEAR_OPS",
-    "TRANSPOSED_CONV_OPS",
-    "fold_batch_norm",
-    "fold_conv_bn_pair",
-    "fused_conv_bn_params",
-]
-
 #: ``node.meta`` key of a conv / linear: the classes (``module.qualname``) of the BatchNorm
 #: modules folded into it, so pattern matchers still see them (``(Conv2d, BatchNorm2d, ReLU)``).
 FOLDED_BN = "qviz_folded_batch_norm"

@@ -26,8 +26,6 @@ from qviz.engine.graph.get_attr import get_attr_value, register_new_buffer
 from qviz.engine.graph.mutation import written_attrs
 from qviz.engine.graph.qdq_ops import quantize_ops
 
-__all__ = ["fold_quantized_constants"]
-
 
 def _pure(node: Node) -> bool:
     """``node`` computes a value from its arguments alone: no mutation, no randomness."""

@@ -41,8 +41,6 @@ from torch.fx.node import map_arg
 from qviz.engine.graph.qdq_ops import chosen_by, dequantize_ops, is_sym_size, quantize_ops
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
-__all__ = ["duplicate_dequantize", "has_valid_annotation"]
-
 
 def has_valid_annotation(node: Node) -> bool:
     """``node`` carries a quantization annotation that asks for something (an input or output)."""

@@ -39,8 +39,6 @@ from qviz.engine.graph.get_attr import register_new_buffer
 from qviz.engine.qparams import QParams
 from qviz.errors import ConfigError
 
-__all__ = ["FLOAT_DTYPES", "OBSERVER_KEY", "QUANTIZED_DTYPES", "replace_observer", "storage_dtype"]
-
 #: ``node.meta`` key naming the observer a q/dq node was made from (copies and folded weights
 #: keep it), so convert can tell the plan which nodes execute which group.
 OBSERVER_KEY = "qviz_observer"

@@ -26,8 +26,6 @@ from qviz.engine.graph.qdq_ops import chosen_by, dequantize_ops, is_qdq, quantiz
 from qviz.engine.pt2e.passes.duplicate_dq import has_valid_annotation
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
-__all__ = ["METADATA_TO_PORT", "port_metadata"]
-
 #: The ``node.meta`` keys copied onto quantize/dequantize nodes.
 METADATA_TO_PORT = ("stack_trace", "quantization_tag")
 

@@ -50,15 +50,6 @@ from qviz.engine.specs import (
 )
 from qviz.errors import ConfigError
 
-__all__ = [
-    "QAT_BN_OPS",
-    "QAT_CONV_BN",
-    "QAT_PART",
-    "fold_qat_conv_bn",
-    "fuse_conv_bn_for_qat",
-    "qat_conv_bn_pairs",
-]
-
 #: Node meta key marking the nodes the QAT conv-BatchNorm rewrite added (the plan skips them).
 QAT_PART = "qviz_qat_part"
 #: ``node.meta`` key of a conv rewritten for QAT: ``{"bn", "weight", "bias", "scaled_weight",

@@ -63,16 +63,6 @@ from qviz.engine.graph.debug_handles import COMPARE_AS, HANDLE
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.errors import ConfigError, QuantizationError
 
-__all__ = [
-    "REPLACES",
-    "quantize_bias",
-    "quantized_conv1d",
-    "quantized_conv2d",
-    "quantized_linear",
-    "requantize",
-    "to_reference_representation",
-]
-
 REPLACES = "qviz_replaces"
 """``node.meta`` key on each rewritten call: the name of the output quantize node it replaces."""
 

@@ -26,8 +26,6 @@ import torch
 from qviz.engine.qparams import validate_num_bits
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["CalibMethod", "Calibrator"]
-
 
 class CalibMethod(StrEnum):
     """How an amax is picked from calibration statistics."""
@@ -51,6 +49,12 @@ class CalibMethod(StrEnum):
 
 
 def normalize_axis(axis: int | tuple[int, ...] | list[int] | None) -> tuple[int, ...] | None:
+    """A calibrator's ``axis`` argument as a tuple of distinct ints (None: per tensor).
+
+    Example:
+        >>> normalize_axis(0), normalize_axis([0, 2]), normalize_axis(None)
+        ((0,), (0, 2), None)
+    """
     if axis is None:
         return None
     axes = (axis,) if isinstance(axis, int) and not isinstance(axis, bool) else axis

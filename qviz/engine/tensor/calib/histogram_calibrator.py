@@ -30,8 +30,6 @@ from qviz.engine.tensor.calib.base import CalibMethod, Calibrator
 from qviz.engine.tensor.calib.pickers import entropy_amax, mse_amax, percentile_amax
 from qviz.errors import ConfigError
 
-__all__ = ["HistogramCalibrator", "pow2_ceil"]
-
 _BLOCK = 1 << 20  # elements binned per step: 4 MiB of float32 scratch, fits in cache
 
 

@@ -16,8 +16,6 @@ import torch
 from qviz.engine.tensor.calib.base import CalibMethod, Calibrator
 from qviz.errors import ConfigError
 
-__all__ = ["MaxCalibrator"]
-
 
 class MaxCalibrator(Calibrator):
     """Track the largest |x| seen; ``compute_amax()`` returns it.

@@ -39,8 +39,6 @@ import torch
 
 from qviz.errors import ConfigError
 
-__all__ = ["entropy_amax", "mse_amax", "percentile_amax"]
-
 
 def _check_counts(counts: torch.Tensor, hist_range: torch.Tensor) -> None:
     if counts.dim() != 2 or hist_range.shape != counts.shape[:1]:

@@ -39,15 +39,6 @@ from qviz.engine.tensor.descriptor import (
 from qviz.engine.tensor.quant_nn.mixin import QuantMixin
 from qviz.errors import ConfigError
 
-__all__ = [
-    "QuantConv1d",
-    "QuantConv2d",
-    "QuantConv3d",
-    "QuantConvTranspose1d",
-    "QuantConvTranspose2d",
-    "QuantConvTranspose3d",
-]
-
 _CONV_ARGS = (
     "in_channels",
     "out_channels",

@@ -22,8 +22,6 @@ from qviz.engine.tensor.descriptor import (
 )
 from qviz.engine.tensor.quant_nn.mixin import QuantMixin
 
-__all__ = ["QuantLinear"]
-
 
 class QuantLinear(QuantMixin, nn.Linear):
     """``torch.nn.Linear`` whose input and weight pass through TensorQuantizers; bias stays float.

@@ -31,8 +31,6 @@ from qviz.engine.tensor.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescr
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError
 
-__all__ = ["QuantInputMixin", "QuantMixin"]
-
 
 def _check_desc(owner: str, arg: str, desc: object) -> QuantDescriptor:
     if not isinstance(desc, QuantDescriptor):

@@ -21,18 +21,6 @@ from torch import nn
 from qviz.engine.tensor.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 from qviz.engine.tensor.quant_nn.mixin import QuantInputMixin
 
-__all__ = [
-    "QuantAdaptiveAvgPool1d",
-    "QuantAdaptiveAvgPool2d",
-    "QuantAdaptiveAvgPool3d",
-    "QuantAvgPool1d",
-    "QuantAvgPool2d",
-    "QuantAvgPool3d",
-    "QuantMaxPool1d",
-    "QuantMaxPool2d",
-    "QuantMaxPool3d",
-]
-
 _MAX_ARGS = ("kernel_size", "stride", "padding", "dilation", "return_indices", "ceil_mode")
 _AVG1D_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
 _AVG_ARGS = (*_AVG1D_ARGS, "divisor_override")

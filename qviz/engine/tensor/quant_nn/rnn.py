@@ -46,8 +46,6 @@ from qviz.engine.tensor.quant_nn.mixin import QuantMixin
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError
 
-__all__ = ["QuantLSTM"]
-
 _State = tuple[torch.Tensor, torch.Tensor]
 
 
