@@ -55,7 +55,6 @@ PUBLIC_MODULES = {
     "qviz.engine.tensor.quant_nn",
     "qviz.engine.tensor.quant_modules",
     "qviz.engine.tensor.fine_tune",
-    "qviz.engine._moved",
     "qviz.numeric",
     "qviz.viz",
     "qviz.widgets",

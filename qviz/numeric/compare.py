@@ -70,8 +70,6 @@ from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 from qviz.numeric.totals import OutputTotals, single
 
-__all__ = ["compare", "float_graph_of", "output_probe", "qdq_ops"]
-
 
 def qdq_ops() -> tuple[set[Any], set[Any]]:
     """The quantize ops and the dequantize ops of converted graphs

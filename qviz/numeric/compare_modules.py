@@ -58,8 +58,6 @@ from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 from qviz.numeric.totals import OutputTotals, single
 
-__all__ = ["compare_modules", "is_quant_nn_model"]
-
 
 def is_quant_nn_model(model: Any) -> bool:
     """A module (not an exported graph) holding TensorQuantizers: a quant_nn model.

@@ -43,8 +43,6 @@ from qviz.numeric.batches import batch_size
 from qviz.numeric.progress import progress_bar
 from qviz.numeric.totals import OutputTotals
 
-__all__ = ["compare_configs", "fallback", "sensitivity"]
-
 _MODES = ("fallback", "solo")
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-__all__: list[str] = []
-
 
 def alias(old: str, new: str) -> None:
     """Make module ``old`` (and each of its submodules) the module ``new`` in ``sys.modules``.

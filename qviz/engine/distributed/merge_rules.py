@@ -59,8 +59,6 @@ from qviz.engine.tensor.calib.histogram_calibrator import (
 )
 from qviz.engine.tensor.calib.max_calibrator import MaxCalibrator
 
-__all__ = ["REDUCE", "Contributions", "Rule", "Shape", "rule_for"]
-
 #: ``{key: (op, tensor)}``: what one observer contributes to one round.
 Contributions = dict[str, tuple[str, torch.Tensor]]
 

@@ -73,8 +73,6 @@ from qviz.engine.observers.fake_quantize import FakeQuantize
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, QvizError
 
-__all__ = ["Outcomes", "Shard", "active", "calibrate_sharded", "merge_observers", "sharded"]
-
 T = TypeVar("T")
 
 

@@ -25,8 +25,6 @@ from qviz.engine.graph.inputs import batches_of, bind_batch, call_model
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["calibrate"]
-
 
 def _run(model: nn.Module, batch: Any, index: int) -> None:
     where = f"calibration batch {index}"

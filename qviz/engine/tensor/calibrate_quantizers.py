@@ -25,15 +25,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from qviz.engine.graph.inputs import batch_errors, batches_of, bind_batch, call_model
+from qviz.engine.graph.inputs import batches_of, bind_batch, call_model
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.calibrate import batch_total, check_max_batches, run_calibration
 from qviz.engine.tensor.calib import CalibMethod
 from qviz.engine.tensor.records import quantizer_role
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, QvizError
-
-__all__ = ["AmaxTable", "QuantizerAmax", "batch_errors", "calibrate_quantizers"]
 
 
 @dataclass(frozen=True)
