@@ -25,7 +25,6 @@ __all__ = [
     "OnnxExportError",
     "QuantizationError",
     "QvizError",
-    "closest_names",
 ]
 
 
