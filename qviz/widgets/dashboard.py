@@ -52,6 +52,7 @@ from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.widgets.dashboard_table import COLOR_COLUMNS, SORT_COLUMNS, choice, float_row, sorted_rows
 from qviz.widgets.dashboard_view import DashboardView
+from qviz.widgets.view_owner import ViewOwner
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class DashboardState:
     history: tuple[Run, ...] = ()
 
 
-class NumericDashboard:
+class NumericDashboard(ViewOwner):
     """The numeric report as a table beside a heatmap graph, layer details and fallbacks.
 
     Prefer :meth:`from_models`, which runs the comparison and keeps what details and fallbacks
@@ -368,15 +369,6 @@ class NumericDashboard:
         if not self._batches or model is None:
             return None
         return bind_batch(model, self._batches[0], "NumericDashboard: batch 0").args
-
-    # -- view ----------------------------------------------------------------------------------
-    @property
-    def widget(self) -> Any:
-        """The ipywidgets box of the dashboard (its :attr:`view`'s)."""
-        return self.view.widget
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         st = self.state

@@ -42,6 +42,7 @@ from qviz.engine.quantizers.override import OverrideQuantizer, normalize_overrid
 from qviz.errors import ConfigError, QvizError
 from qviz.widgets.editor_view import EditorView
 from qviz.widgets.folding import Folding
+from qviz.widgets.view_owner import ViewOwner
 
 
 def _dynamic_batch(gm: GraphModule) -> bool:
@@ -59,7 +60,7 @@ def _default_quantizer() -> Any:
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 
 
-class AnnotationEditor:
+class AnnotationEditor(ViewOwner):
     """Edit a quantizer's annotations node by node and watch the plan change.
 
     Args:
@@ -256,14 +257,6 @@ class AnnotationEditor:
         raise ConfigError(
             f"{name!r} is not a node, edge ('producer -> consumer') or module of this model"
         )
-
-    @property
-    def widget(self) -> Any:
-        """The ipywidgets box of the editor (its :attr:`view`'s)."""
-        return self.view.widget
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         return (

@@ -56,6 +56,7 @@ from qviz.errors import ConfigError, QvizError
 from qviz.viz.histograms import HistogramData
 from qviz.widgets.explorer_sources import source_for
 from qviz.widgets.explorer_view import ExplorerView
+from qviz.widgets.view_owner import ViewOwner
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class ExplorerState:
     log: bool = True
 
 
-class CalibrationExplorer:
+class CalibrationExplorer(ViewOwner):
     """Explore and choose calibration ranges of a calibrated model's HistogramObservers, or of
     a calibrated quant_nn model's TensorQuantizers.
 
@@ -157,11 +158,6 @@ class CalibrationExplorer:
         return self.view.histogram.value
 
     @property
-    def widget(self) -> Any:
-        """The ipywidgets box of the explorer (its :attr:`view`'s)."""
-        return self.view.widget
-
-    @property
     def choices(self) -> dict[str, str]:
         """``{observer: method}`` for every range the user chose (read from the plan); for a
         quant_nn model, the method that computed each quantizer's loaded amax."""
@@ -241,10 +237,6 @@ class CalibrationExplorer:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
-
-    # -- view ----------------------------------------------------------------------------------
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         st = self.state

@@ -44,9 +44,10 @@ from typing import Any
 
 from qviz.errors import ConfigError
 from qviz.widgets.qat_dashboard_view import QATDashboardView
+from qviz.widgets.view_owner import ViewOwner
 
 
-class QATDashboard:
+class QATDashboard(ViewOwner):
     """A live view of a :class:`~qviz.numeric.QATMonitor` that redraws during training.
 
     Creating it attaches it to the monitor: each ``monitor.step()`` may redraw it (see the
@@ -149,15 +150,6 @@ class QATDashboard:
         """The share of the wall time since the dashboard was created spent redrawing it."""
         elapsed = self._clock() - self._opened
         return self.render_s / elapsed if elapsed > 0 else 0.0
-
-    # -- view ----------------------------------------------------------------------------------
-    @property
-    def widget(self) -> Any:
-        """The ipywidgets box of the dashboard (its :attr:`view`'s)."""
-        return self.view.widget
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
 
     def __repr__(self) -> str:
         return (
