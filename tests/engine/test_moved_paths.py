@@ -18,6 +18,7 @@ import torch
 
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from tests.fixtures.make_premove_models import float_model
 
 FIXTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "premove_models.pt"
 
@@ -79,21 +80,10 @@ def test_an_observer_and_a_fake_quantizer_saved_before_the_move_load(saved):
     assert torch.equal(fake_quant(saved["x"]), saved["fake_quant_out"])
 
 
-def _float_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 4, 3),
-        torch.nn.BatchNorm2d(4),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        torch.nn.Linear(4 * 6 * 6, 5),
-    )
-
-
 def test_prepared_and_qat_state_dicts_saved_before_the_move_load(saved):
     x = saved["x"]
     prepared = qviz.prepare_pt2e(
-        qviz.export(_float_model().eval(), (x,)),
+        qviz.export(float_model().eval(), (x,)),
         XNNPACKQuantizer().set_global(get_symmetric_quantization_config()),
     )
     prepared.load_state_dict(saved["prepared_state"])
@@ -101,7 +91,7 @@ def test_prepared_and_qat_state_dicts_saved_before_the_move_load(saved):
     assert qviz.convert_pt2e(prepared)(x).shape == saved["prepared_out"].shape
 
     qat = qviz.prepare_qat_pt2e(
-        qviz.export(_float_model().train(), (x,)),
+        qviz.export(float_model().train(), (x,)),
         XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_qat=True)),
     )
     qat.load_state_dict(saved["qat_state"])  # strict: the same names and shapes
