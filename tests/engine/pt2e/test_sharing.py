@@ -7,6 +7,7 @@ from torch import nn
 from qviz.engine.pt2e.sharing import Link, describe, resolve_sharing
 from qviz.engine.specs import QuantizationSpec, SharedQuantizationSpec
 from qviz.errors import AnnotationError
+from tests.helpers.tutorial_quantizers import TwoConvCat
 
 
 def _spec(quant_min: int = -128, quant_max: int = 127) -> QuantizationSpec:
@@ -14,15 +15,6 @@ def _spec(quant_min: int = -128, quant_max: int = 127) -> QuantizationSpec:
 
 
 A, B = _spec(), _spec(-127, 127)
-
-
-class TwoConvCat(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(3, 3, 1), nn.Conv2d(3, 3, 1)
-
-    def forward(self, x):
-        return torch.cat([self.conv1(x), self.conv2(x)], 1)
 
 
 def _nodes(module: nn.Module) -> dict[str, torch.fx.Node]:
