@@ -140,8 +140,7 @@ def convert_pt2e(
         >>> [(name, t.dtype) for name, t in quantized.named_buffers()]   # the weight, as int8
         [('_frozen_param0', torch.int8)]
     """
-    if not isinstance(model, GraphModule):
-        raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
+    _check_arguments(model, fold_quantize, use_reference_representation)
     # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
     gm = rebind_annotations(copy.deepcopy(model))
     renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
@@ -158,6 +157,34 @@ def convert_pt2e(
     if not nodes:
         return disallow_train_eval(_without_observers(model, gm, bodies))
     _check_calibrated(gm, nodes, plan, allow_uncalibrated)
+    qparams = _replace_observers(gm, nodes, fold_quantize)
+    if plan is not None:
+        made = _made_by_observer(gm)
+        by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
+        nodes_by_group = {g.group: made.get(g.observer, ()) for g in plan.groups}
+        set_plan(gm, plan.with_qparams(by_group, nodes_by_group))
+    if use_reference_representation:
+        from qviz.engine.pt2e.passes.reference_representation import to_reference_representation
+
+        gm = to_reference_representation(gm)
+    return disallow_train_eval(gm)
+
+
+def _check_arguments(model: object, fold_quantize: bool, reference: bool) -> None:
+    """convert_pt2e's argument checks, before any work."""
+    if not isinstance(model, GraphModule):
+        raise ConfigError(f"convert_pt2e needs a prepared graph module, got {type(model).__name__}")
+    if reference and not fold_quantize:
+        raise ConfigError(
+            "use_reference_representation=True rewrites integer weights: keep fold_quantize=True"
+        )
+
+
+def _replace_observers(
+    gm: GraphModule, nodes: list[Node], fold_quantize: bool
+) -> dict[str, QParams]:
+    """Each observer call becomes its q/dq ops (then the layout passes run); the qparams used,
+    by observer name."""
     qparams: dict[str, QParams] = {}
     for node in nodes:
         record = replace_observer(gm, node, gm.get_submodule(node.target))
@@ -172,21 +199,7 @@ def convert_pt2e(
         delattr(gm, name)
     gm.graph.lint()
     gm.recompile()
-    made = _made_by_observer(gm)
-    if plan is not None:
-        by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
-        nodes_by_group = {g.group: made.get(g.observer, ()) for g in plan.groups}
-        set_plan(gm, plan.with_qparams(by_group, nodes_by_group))
-    if use_reference_representation:
-        if not fold_quantize:
-            raise ConfigError(
-                "use_reference_representation=True rewrites integer weights: "
-                "keep fold_quantize=True"
-            )
-        from qviz.engine.pt2e.passes.reference_representation import to_reference_representation
-
-        gm = to_reference_representation(gm)
-    return disallow_train_eval(gm)
+    return qparams
 
 
 def _without_observers(model: GraphModule, gm: GraphModule, bodies: int) -> GraphModule:
