@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -98,20 +99,99 @@ def _check_calibrated(model: nn.Module, freeze_amax: bool) -> list[TensorQuantiz
     return [] if freeze_amax else weights
 
 
-def _epoch(model, data, optimizer, loss_fn, index: int) -> float:
+class _StepSnapshot:
+    """The model's parameters and buffers (quantizer amax included) as they were before the
+    step being run: :meth:`take` copies them into buffers allocated once, :meth:`restore` puts
+    them back in place (the same tensors, so the optimizer keeps its references)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._live = dict(model.state_dict(keep_vars=True))
+        self._saved = {k: v.detach().clone() for k, v in self._live.items()}
+
+    def take(self) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(list(self._saved.values()), list(self._live.values()))
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(list(self._live.values()), list(self._saved.values()))
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value of every tensor is finite, in one device sync."""
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+def _step(model, bound, optimizer, loss_fn, name: str) -> float:
+    """One optimizer step on one batch; its loss, checked finite before the step is taken."""
+    with batch_errors(name, "labels"):
+        optimizer.zero_grad()
+        loss = loss_fn(model(*bound.args, **bound.kwargs), bound.target)
+        value = float(loss.detach())  # the one device sync per step, as before
+        if not math.isfinite(value):
+            raise CalibrationError(
+                f"{name}: non-finite loss {value} (NaN or Inf in the batch, the outputs or "
+                f"the loss); the model is left as it was before this step: drop or clean the "
+                f"batch, or lower lr"
+            )
+        loss.backward()
+        optimizer.step()
+    if not _all_finite([p for g in optimizer.param_groups for p in g["params"]]):
+        raise CalibrationError(
+            f"{name}: the step made parameters NaN or Inf (exploding gradients); the model is "
+            f"left as it was before this step: lower lr, or clip the gradients"
+        )
+    return value
+
+
+def _epoch(model, data, optimizer, loss_fn, index: int, snapshot: _StepSnapshot) -> float:
+    """One epoch; a failing step is undone (``snapshot``) before its error propagates."""
     model.train()
     total, batches = 0.0, 0
     for name, bound in labelled_batches(model, data, f"fine_tune: epoch {index}, batch {{index}}"):
-        with batch_errors(name, "labels"):
-            optimizer.zero_grad()
-            loss = loss_fn(model(*bound.args, **bound.kwargs), bound.target)
-            loss.backward()
-            optimizer.step()
-        total += float(loss.detach())
+        snapshot.take()
+        try:
+            total += _step(model, bound, optimizer, loss_fn, name)
+        except BaseException:
+            snapshot.restore()
+            raise
         batches += 1
     if batches == 0:
         raise ConfigError("fine_tune got no batches: the training data is empty")
     return total / batches
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_arguments(epochs, lr, eta_min, loss_fn, optimizer, weight_decay, freeze_amax) -> None:
+    """Every argument of :func:`fine_tune` checked before anything runs: a ConfigError naming
+    the argument, what it got and what it takes."""
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ConfigError(f"epochs must be a positive int (e.g. epochs=3), got {epochs!r}")
+    if not (_finite_number(lr) and lr > 0):
+        raise ConfigError(f"lr must be a positive finite number (e.g. lr=1e-4), got {lr!r}")
+    if eta_min is not None and not (_finite_number(eta_min) and eta_min >= 0):
+        raise ConfigError(f"eta_min must be a finite number >= 0 (or None: lr / 100), got "
+                          f"{eta_min!r}")  # fmt: skip
+    if not (_finite_number(weight_decay) and weight_decay >= 0):
+        raise ConfigError(
+            f"weight_decay must be a finite number >= 0 (e.g. weight_decay=1e-4), got "
+            f"{weight_decay!r}"
+        )
+    if not (isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)):
+        raise ConfigError(
+            f"optimizer must be a torch.optim.Optimizer class (e.g. optimizer=torch.optim.Adam "
+            f"or torch.optim.SGD), got {optimizer!r}"
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigError(
+            f"loss_fn must be a callable loss_fn(outputs, labels) -> tensor (e.g. "
+            f"torch.nn.CrossEntropyLoss()), or None for cross-entropy; got {loss_fn!r}"
+        )
+    if not isinstance(freeze_amax, bool):
+        raise ConfigError(f"freeze_amax must be True or False, got {freeze_amax!r}")
 
 
 def fine_tune(
@@ -152,33 +232,41 @@ def fine_tune(
         training mode from before.
 
     Raises:
-        CalibrationError: an enabled activation quantizer has no amax (calibrate first).
-        ConfigError: not a quant_nn model, bad arguments, or a batch the model rejects or
-            without labels (named by epoch and index).
+        CalibrationError: an enabled activation quantizer has no amax (calibrate first), or a
+            step's loss or updated parameters are NaN or Inf (named by epoch and batch).
+        ConfigError: not a quant_nn model, bad arguments (checked before anything runs), or a
+            batch the model rejects or without labels (named by epoch and index).
+
+    Nothing is lost on failure: each step starts from a copy of the parameters and buffers,
+    which a failing step (an error or a non-finite loss) puts back before raising, so the model
+    is as it was after the last good step; with ``freeze_amax=False`` the weight quantizers get
+    their calibrated amax back.
     """
     from tqdm.auto import tqdm
 
     check_stage(model, Stage.QUANT_NN, where="fine_tune")
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"epochs must be a positive int, got {epochs!r}")
-    if not (isinstance(lr, int | float) and lr > 0):
-        raise ConfigError(f"lr must be a positive number, got {lr!r}")
+    _check_arguments(epochs, lr, eta_min, loss_fn, optimizer, weight_decay, freeze_amax)
     following = _check_calibrated(model, freeze_amax)
+    calibrated = [(tq, tq.amax, tq.amax_method) for tq in following]
     for tq in following:
         tq.amax = None  # dynamic: the max of the weights as they are at each step
-    opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(
-        opt, T_max=epochs, eta_min=lr / 100 if eta_min is None else eta_min
-    )
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
     was_training, records = model.training, []
     try:
+        opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=epochs, eta_min=lr / 100 if eta_min is None else eta_min
+        )
+        loss_fn, snapshot = loss_fn or nn.CrossEntropyLoss(), _StepSnapshot(model)
         for epoch in tqdm(range(1, epochs + 1), desc="fine-tuning", disable=not progress):
             rate = opt.param_groups[0]["lr"]
-            loss = _epoch(model, train_data, opt, loss_fn, epoch)
+            loss = _epoch(model, train_data, opt, loss_fn, epoch, snapshot)
             sched.step()
             scores = _evaluate(model, eval_data, loss_fn) if eval_data is not None else (None,) * 2
             records.append(EpochRecord(epoch, rate, loss, *scores))
+    except BaseException:
+        for tq, amax, method in calibrated:  # the calibrated weight amax comes back
+            tq.amax, tq._amax_method = amax, method
+        raise
     finally:
         model.train(was_training)
     return FineTuneHistory(records)

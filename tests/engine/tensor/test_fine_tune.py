@@ -76,3 +76,106 @@ def test_fine_tune_refuses_an_uncalibrated_model_and_says_what_to_run():
     with pytest.raises(ConfigError, match="epoch 1, batch 0 failed"):
         fine_tune(model, [(torch.randn(2, 5), torch.tensor([0, 1]))], epochs=1, lr=1e-3,
                   progress=False)  # fmt: skip
+
+
+def _calibrated_linear(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(quant_nn.QuantLinear(4, 3))
+    data = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(4)]
+    calibrate_quantizers(model, data, progress=False)
+    return model, data
+
+
+def _state(model: nn.Module) -> dict:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_state_equal(model: nn.Module, before: dict) -> None:
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), f"{k} changed"
+
+
+def test_a_nan_loss_stops_naming_the_batch_and_leaves_the_model_as_before_that_step():
+    model, data = _calibrated_linear()
+    bad = list(data)
+    bad[2] = (torch.full((16, 4), float("nan")), bad[2][1])
+    reference = _calibrated_linear()[0]  # the same model, trained on batches 0 and 1 only
+    torch.manual_seed(1)
+    fine_tune(reference, data[:2], epochs=1, lr=1e-2, progress=False)
+    torch.manual_seed(1)
+    with pytest.raises(CalibrationError, match=r"epoch 1, batch 2.*non-finite loss nan"):
+        fine_tune(model, bad, epochs=1, lr=1e-2, progress=False)
+    _assert_state_equal(model, _state(reference))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_an_infinite_learning_rate_is_refused_before_any_step():
+    model, data = _calibrated_linear()
+    before = _state(model)
+    with pytest.raises(ConfigError, match=r"lr must be a positive finite number"):
+        fine_tune(model, data, epochs=1, lr=float("inf"), progress=False)
+    _assert_state_equal(model, before)
+
+
+@pytest.mark.parametrize("freeze_amax", [True, False])
+def test_a_failing_batch_restores_parameters_and_calibrated_amax(freeze_amax):
+    model, data = _calibrated_linear()
+    before = _state(model)
+    amax = model[0].weight_quantizer.amax.clone()
+    bad = [(torch.randn(16, 5), torch.randint(0, 3, (16,))), *data]  # wrong width: batch 0
+    with pytest.raises(ConfigError, match="epoch 1, batch 0 failed"):
+        fine_tune(model, bad, epochs=1, lr=1e-2, freeze_amax=freeze_amax, progress=False)
+    _assert_state_equal(model, before)
+    assert torch.equal(model[0].weight_quantizer.amax, amax)
+
+
+def test_a_non_finite_loss_from_the_loss_function_is_refused_and_restored():
+    model, data = _calibrated_linear()
+    before = _state(model)
+    calls = []
+
+    def loss_fn(out, target):
+        calls.append(1)
+        loss = nn.functional.cross_entropy(out, target)
+        return loss * float("inf") if len(calls) == 3 else loss
+
+    with pytest.raises(CalibrationError, match=r"epoch 2, batch 0.*non-finite loss inf"):
+        fine_tune(model, data[:2], epochs=2, lr=1e-2, loss_fn=loss_fn, progress=False)
+    assert not torch.equal(model[0].weight, before["0.weight"])  # epoch 1 is kept
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"epochs": True}, r"epochs must be a positive int.*got True"),
+        ({"epochs": 2.0}, r"epochs must be a positive int"),
+        ({"lr": float("nan")}, r"lr must be a positive finite number"),
+        ({"lr": True}, r"lr must be a positive finite number"),
+        (
+            {"optimizer": "adam"},
+            r"optimizer must be a torch.optim.Optimizer class.*torch.optim.Adam",
+        ),
+        ({"weight_decay": -1}, r"weight_decay must be a finite number >= 0.*got -1"),
+        ({"eta_min": -1.0}, r"eta_min must be a finite number >= 0"),
+        ({"loss_fn": "mse"}, r"loss_fn must be a callable"),
+        ({"freeze_amax": "no"}, r"freeze_amax must be True or False"),
+    ],
+)
+def test_bad_arguments_are_config_errors_naming_the_argument(kwargs, match):
+    model, data = _calibrated_linear()
+    before = _state(model)
+    args = {"epochs": 1, "lr": 1e-2, "progress": False, **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        fine_tune(model, data, **args)
+    _assert_state_equal(model, before)
+
+
+def test_unlabelled_batches_are_a_config_error_naming_the_batch():
+    model, data = _calibrated_linear()
+    before = _state(model)
+    with pytest.raises(ConfigError, match=r"fine_tune: epoch 1, batch 0 has no target"):
+        fine_tune(model, [x for x, _ in data], epochs=1, lr=1e-2, progress=False)
+    _assert_state_equal(model, before)
