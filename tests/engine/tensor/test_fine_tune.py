@@ -179,3 +179,13 @@ def test_unlabelled_batches_are_a_config_error_naming_the_batch():
     with pytest.raises(ConfigError, match=r"fine_tune: epoch 1, batch 0 has no target"):
         fine_tune(model, [x for x, _ in data], epochs=1, lr=1e-2, progress=False)
     _assert_state_equal(model, before)
+
+
+def test_a_step_that_overflows_the_weights_is_undone_and_named():
+    model, data = _calibrated_linear()
+    before = _state(model)
+    with pytest.raises(CalibrationError, match=r"epoch 1, batch 0: the step made parameters"):
+        fine_tune(model, data, epochs=1, lr=1e10, optimizer=torch.optim.SGD,
+                  loss_fn=lambda out, y: nn.functional.cross_entropy(out, y) * 1e30,
+                  progress=False)  # fmt: skip
+    _assert_state_equal(model, before)
