@@ -211,17 +211,7 @@ def sensitivity(
     import qviz
 
     def setup(shard: distributed.Shard) -> tuple[_Evaluator, list[Any], GraphModule]:
-        """The argument checks, the float pass and the fully quantized model's prepare."""
-        _check_graph(exported_model, "sensitivity")
-        if mode not in _MODES:
-            raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
-        batches = list(batches_of(data, "sensitivity"))
-        calibration = batches
-        if calibration_data is not None:
-            where = "sensitivity(calibration_data=...)"
-            calibration = checked_batches(calibration_data, exported_model, where)
-        evaluator = _Evaluator(exported_model, batches, metric, "sensitivity", shard)
-        return evaluator, calibration, qviz.prepare_pt2e(exported_model, quantizer)
+        return _setup(exported_model, quantizer, data, metric, mode, calibration_data, shard)
 
     out = distributed.sharded(setup, group, "sensitivity", share=lambda _: None)
     (evaluator, calibration, full), group = out.result, out.shard.group
@@ -240,6 +230,31 @@ def sensitivity(
     df = _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
     df.attrs["float_metric"] = evaluator.float_metric
     return df
+
+
+def _setup(
+    exported_model: GraphModule,
+    quantizer: Any,
+    data: Any,
+    metric: Any,
+    mode: str,
+    calibration_data: Any,
+    shard: distributed.Shard,
+) -> tuple[_Evaluator, list[Any], GraphModule]:
+    """sensitivity's argument checks, its float pass and the fully quantized model's prepare:
+    this rank's part of the first sharded step."""
+    import qviz
+
+    _check_graph(exported_model, "sensitivity")
+    if mode not in _MODES:
+        raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
+    batches = list(batches_of(data, "sensitivity"))
+    calibration = batches
+    if calibration_data is not None:
+        where = "sensitivity(calibration_data=...)"
+        calibration = checked_batches(calibration_data, exported_model, where)
+    evaluator = _Evaluator(exported_model, batches, metric, "sensitivity", shard)
+    return evaluator, calibration, qviz.prepare_pt2e(exported_model, quantizer)
 
 
 def _row(
