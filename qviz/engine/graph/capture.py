@@ -22,10 +22,21 @@ from qviz.errors import ConfigError, QvizError
 def dynamic_batch_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     """``dynamic_shapes`` making dimension 0 of every tensor input one shared dynamic "batch".
 
+    Raises:
+        ConfigError: an input's batch is 0 or 1: torch specialises those sizes (a graph traced
+            with them is fixed to them), so a dynamic batch needs an example batch of 2 or more.
+
     Example:
         >>> dynamic_batch_shapes((torch.randn(2, 3), 1.0))
         ({0: Dim('batch', min=1, max=1048576)}, None)
     """
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] < 2:
+            raise ConfigError(
+                f"dynamic_batch=True: example input {i} has batch {x.shape[0]} (shape "
+                f"{tuple(x.shape)}), but torch specialises sizes 0 and 1; give an example with "
+                f"batch >= 2 (e.g. torch.cat([x, x])), and the graph takes any batch from 1 on"
+            )
     batch = torch.export.Dim("batch", min=1, max=2**20)
     return tuple(
         {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in example_inputs
