@@ -49,6 +49,8 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import os
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -60,6 +62,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.graph.inputs import check_inputs
 from qviz.engine.graph.node_data import (
     REPORT_COLUMNS,
     SCALE,
@@ -209,6 +212,45 @@ def _prepare(model: nn.Module, opset: int) -> tuple[nn.Module, str, tuple[OnnxRa
     )
 
 
+def _batch_and_dtype(gm: GraphModule) -> tuple[Any, str] | None:
+    """The batch (an int, or None when dynamic) and dtype of ``gm``'s first tensor input."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.dim() > 0:
+            batch = val.shape[0]
+            return (None if isinstance(batch, torch.SymInt) else int(batch)), str(val.dtype)
+    return None
+
+
+def _check_example(ready: nn.Module, source: str, example: tuple, dynamic_batch: bool) -> None:
+    """Refuse, before torch.onnx runs, example inputs a converted graph was not exported for,
+    and a dynamic batch asked of a graph exported for a fixed one (the file would be fixed)."""
+    if source != "pt2e" or not isinstance(ready, GraphModule):
+        return
+    first = _batch_and_dtype(ready)
+    if first is None:
+        return
+    batch, dtype = first
+    fix = "export the float model with qviz.export(..., dynamic_batch=True) and quantize that"
+    if dynamic_batch and batch is not None:
+        raise ConfigError(
+            f"export_onnx(dynamic_batch=True): the graph was exported for a fixed batch of "
+            f"{batch}, so the file would take batch {batch} only; {fix}, or export_onnx "
+            f"without dynamic_batch"
+        )
+    try:
+        check_inputs(ready, example, where="example_inputs")
+    except ConfigError:
+        got = [f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else repr(x)
+               for x in example]  # fmt: skip
+        exported = f"batch {batch} / {dtype}" if batch is not None else f"any batch / {dtype}"
+        other = ", or export with qviz.export(..., dynamic_batch=True)" if batch else ""
+        raise ConfigError(
+            f"export_onnx: example_inputs are {got}, but the graph was exported for {exported}: "
+            f"pass that{other}"
+        ) from None
+
+
 def _fake_quant_translations(opset: int) -> dict:
     """torch.onnx translations of torch's fake_quantize ops for any range up to 16 bits:
     QuantizeLinear / DequantizeLinear in the smallest type holding the range, the input clamped
@@ -336,11 +378,49 @@ def _annotate(program: Any, ready: GraphModule, values: dict, report: Any) -> di
     return write_metadata(program.model, sources, values, summary)
 
 
+def _check_path(path: Any) -> Path:
+    """``path`` as a Path, refused before anything runs when no file can be written there: not
+    a path, an existing folder, under a file, or in a folder that refuses a new file (probed
+    with a temporary file, removed at once; no folder is created here)."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ConfigError(
+            f"export_onnx: path must be a file path (str or Path), got {path!r}; e.g. 'model.onnx'"
+        )
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(
+            f"export_onnx: path {target} is a folder; give a file path, e.g. "
+            f"{target / 'model.onnx'}"
+        )
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(
+            f"export_onnx cannot write {target}: {folder} is a file, not a folder; choose a "
+            f"path under a folder"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"export_onnx cannot write {target}: {folder} refuses new files "
+            f"({exc.strerror or exc}); choose a writable folder"
+        ) from exc
+    return target
+
+
 def _write(program: Any, path: Path) -> Any:
     """Save ``program``, check the file with onnx.checker, and return its ModelProto."""
     onnx = _import("onnx")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    program.save(str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        program.save(str(path))
+    except OSError as exc:  # the place changed since _check_path
+        raise ConfigError(
+            f"export_onnx cannot write {path}: {exc.strerror or exc}; choose a writable folder"
+        ) from exc
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except onnx.checker.ValidationError as exc:
@@ -366,7 +446,7 @@ def export_onnx(
         model: a model converted by ``qviz.convert_pt2e``, or a model holding TensorQuantizers
             (calibrated: amax loaded, calibration off; disabled ones export as identities).
         example_inputs: a tuple of example positional inputs (a single tensor is accepted).
-        path: the ``.onnx`` file to write (folders are created).
+        path: the ``.onnx`` file to write (missing folders are created); checked first.
         opset: ONNX opset, :data:`MIN_OPSET` or later; int16 / uint16 ranges need 21.
         dynamic_batch: make dimension 0 of every tensor input dynamic. (Not for TensorQuantizer
             models: torch cannot trace its fake-quantize ops with a dynamic batch.)
@@ -385,8 +465,11 @@ def export_onnx(
         OnnxExportError: a range the opset cannot express (int16 before opset 21), a
             TensorQuantizer on several axes, without amax, still calibrating or returning
             integers, dynamic or affine quantization, or torch.onnx's failure with its cause.
-        ConfigError: a bad opset, a model that is not an nn.Module, or a report that is not
-            the numeric report of this converted model.
+        ConfigError: a bad opset, a model that is not an nn.Module, a report that is not
+            the numeric report of this converted model, a path no file can be written to (a
+            folder, under a file, unwritable), example inputs of another batch size or dtype
+            than the converted graph was exported for, ``dynamic_batch=True`` for a graph
+            exported with a fixed batch, or a dynamic batch with an example batch below 2.
         MissingDependencyError: onnx or onnxscript is not installed.
 
     Example:
@@ -399,6 +482,7 @@ def export_onnx(
         ('0: -8..7 (clamped, then int8)', 1, 1)
     """
     opset = _check_opset(opset)
+    target = _check_path(path)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, tuple):
@@ -411,12 +495,13 @@ def export_onnx(
     options: dict[str, Any] = {}
     if dynamic_batch:
         options["dynamic_shapes"] = dynamic_batch_shapes(example_inputs)
+    _check_example(ready, source, example_inputs, dynamic_batch)
     if any(r.onnx_type in ("int16", "uint16") for r in ranges):  # only fake_quantize ops use it
         options["custom_translation_table"] = _fake_quant_translations(opset)
     with fb_fake_quant(ready):
         program = _torch_onnx(ready, example_inputs, opset, **options)
     _tidy(program.model)
     placed = _annotate(program, ready, values, report) if report is not None else {}
-    proto = _write(program, Path(path))
+    proto = _write(program, target)
     counts = Counter(n.op_type for n in proto.graph.node)
-    return OnnxExport(Path(path), opset, source, dict(counts), ranges, proto, placed)
+    return OnnxExport(target, opset, source, dict(counts), ranges, proto, placed)
