@@ -77,3 +77,16 @@ def traced_meta(key: str, value: Any) -> Iterator[None]:
         fx_traceback.current_meta.pop("custom", None)  # restored when preserve_node_meta exits
         with fx_traceback.annotate({key: value}):
             yield
+
+
+def is_tracing(x: torch.Tensor) -> bool:
+    """Whether ``x`` is being traced (TorchDynamo, torch.export's fake tensors, jit), where a
+    data-dependent check such as ``bool(isfinite(x).all())`` cannot run.
+
+    Example:
+        >>> is_tracing(torch.ones(2))
+        False
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(x, FakeTensor)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qviz.engine.compat import is_tracing
 from qviz.engine.observers import (
     FixedQParamsObserver,
     MovingAverageMinMaxObserver,
@@ -48,7 +49,7 @@ from qviz.engine.observers import (
 )
 from qviz.engine.observers.base import ObserverFactory
 from qviz.engine.observers.uniform import PER_CHANNEL_QSCHEMES, PER_TENSOR_QSCHEMES
-from qviz.errors import ConfigError
+from qviz.errors import CalibrationError, ConfigError
 
 __all__ = [
     "FakeQuantize",
@@ -96,6 +97,21 @@ class FakeQuantizeBase(nn.Module):
         self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
         self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
         self._observing = True  # observer_enabled as a Python flag: read without a device sync
+        #: What this module observes, for error messages (prepare sets it: the module's name and
+        #: the edge); None: the class name.
+        self.qviz_label: str | None = None
+
+    def _label(self) -> str:
+        return getattr(self, "qviz_label", None) or type(self).__name__
+
+    def _non_finite_error(self, x: torch.Tensor, cause: Exception | None = None) -> Exception:
+        n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        return CalibrationError(
+            f"{self._label()} got {n_nan} NaN and {n_inf} Inf values in a {x.dtype} tensor of "
+            f"shape {tuple(x.shape)}; its statistics and qparams are left as they were: fix the "
+            f"data or the model that produce them (or clamp them), or disable_observer() on it"
+            + (f" ({cause})" if cause is not None else "")
+        )
 
     def enable_fake_quant(self, enabled: bool = True) -> None:
         """Quantize the output (``enabled=False``: pass it through unchanged)."""
@@ -217,7 +233,12 @@ class FakeQuantize(FakeQuantizeBase):
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         """Observe ``X`` and update the qparams (observer on); fake-quantize it (fake quant on)."""
         if self.observer_enabled[0] == 1:
-            self.activation_post_process(X.detach())
+            try:  # the observer checks before it folds anything in: its state stays as it was
+                self.activation_post_process(X.detach())
+            except CalibrationError as exc:
+                if torch.isfinite(X).all():
+                    raise
+                raise self._non_finite_error(X.detach()) from exc
             self._update_qparams()
         if self.fake_quant_enabled[0] == 1:
             post = self.activation_post_process
@@ -281,6 +302,12 @@ class FixedQParamsFakeQuantize(FakeQuantize):
         return self.scale, self.zero_point
 
 
+def _put_back(live: tuple[torch.Tensor, ...], saved: list[torch.Tensor]) -> None:
+    """Copy ``saved`` back into the ``live`` buffers, in place (their shapes included)."""
+    for tensor, old in zip(live, saved, strict=True):
+        tensor.resize_(old.shape).copy_(old)
+
+
 class FusedMovingAvgObsFakeQuantize(FakeQuantize):
     """Moving-average min/max, qparams and fake quantization in torch's one fused op.
 
@@ -325,9 +352,26 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         """Fold ``X`` into the moving averages, update the qparams, fake-quantize (one op)."""
         post = self.activation_post_process
-        if self._observing:  # the counts the fused op skips (a merge across processes uses them)
-            post.num_batches += 1
-            post.num_elements += X.numel()
+        if not self._observing or is_tracing(X):
+            return self._fused(X)
+        state = (post.min_val, post.max_val, self.scale, self.zero_point)
+        saved = [t.clone() for t in state]
+        try:
+            out = self._fused(X)
+        except RuntimeError as exc:  # per channel, a NaN range fails the op's zero_point check
+            _put_back(state, saved)
+            if bool(torch.isfinite(X).all()):
+                raise
+            raise self._non_finite_error(X.detach()) from exc
+        if not bool(torch.isfinite(torch.stack((post.min_val, post.max_val))).all()):  # 1 sync
+            _put_back(state, saved)  # NaN / Inf reached the moving averages: undo
+            raise self._non_finite_error(X.detach())
+        post.num_batches += 1  # the counts the fused op skips (a merge across processes uses them)
+        post.num_elements += X.numel()
+        return out
+
+    def _fused(self, X: torch.Tensor) -> torch.Tensor:
+        post = self.activation_post_process
         return torch.fused_moving_avg_obs_fake_quant(
             X,
             self.observer_enabled,

@@ -12,7 +12,7 @@ import torch
 
 import qviz.engine.observers as qobs
 import qviz.engine.observers.fake_quantize as qfq
-from qviz.errors import ConfigError
+from qviz.errors import CalibrationError, ConfigError
 
 tfq = pytest.importorskip("torchao.quantization.pt2e.fake_quantize")
 tobs = pytest.importorskip("torchao.quantization.pt2e.observer")
@@ -132,3 +132,23 @@ def test_with_args_and_bad_arguments() -> None:
         qfq.FusedMovingAvgObsFakeQuantize(observer=qobs.MinMaxObserver)
     with pytest.raises(ConfigError, match="quant_min"):
         qfq.FakeQuantize(quant_min=5, quant_max=1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_non_finite_value_is_refused_before_the_state_changes(case: str, bad: float) -> None:
+    ours, _ = _pair(case)
+    ours.qviz_label = "activation_post_process_3 (observing conv -> relu)"
+    good, x = _batches(2)
+    _step(ours, good)
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    x[0, 1, 2, 3] = bad
+    with pytest.raises(CalibrationError, match=r"activation_post_process_3 \(observing conv"):
+        ours(x)
+    after = ours.state_dict()
+    for key, value in before.items():
+        assert torch.equal(after[key], value), f"{case}: {key} changed"
+    x[0, 1, 2, 3] = 0.0
+    ours.disable_observer()
+    x[0, 1, 2, 3] = bad  # the observer is off: nothing is updated, nothing to refuse
+    ours(x)
