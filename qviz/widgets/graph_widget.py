@@ -66,6 +66,68 @@ def marker_refs(qgraph: QGraph) -> dict[str, list[str]]:
     return {n.name: list(n.refs) for n in qgraph.view.nodes if n.kind in kinds and n.refs}
 
 
+#: Boxes an edge passes through on its way from producer to consumer (not graph nodes).
+_THROUGH = ("marker",)
+#: Boxes that stand for something other than one graph node: no plan edge starts or ends there.
+_NOT_NODES = ("marker", "ref", "collapsed")
+
+
+def _walk(start: str, step: dict[str, list[str]], kinds: dict[str, str]) -> list[str]:
+    """The graph nodes reached from ``start`` by following ``step`` through observer markers."""
+    found: list[str] = []
+    todo, seen = [start], set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        if kinds.get(name) in _THROUGH:
+            todo.extend(step.get(name, []))
+        else:
+            found.append(name)
+    return found
+
+
+def edge_refs(qgraph: QGraph) -> dict[str, str]:
+    """``{drawn edge "a->b": the plan tensor a click on it selects}`` for each arrow that
+    starts or ends at an observer marker.
+
+    An observed drawing splits the graph's edge ``conv2d_2 -> add`` into ``conv2d_2 ->
+    obs/conv2d_2`` and ``obs/conv2d_2 -> add``: a click on either piece selects
+    ``"conv2d_2 -> add"``. When the marker's producer feeds several consumers, a click on the
+    arrow into the marker selects the producer's output (``"relu"``), as a click on the marker
+    does. Arrows between two graph nodes keep their own name.
+
+    Example:
+        >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+        >>> view = GraphView("observed", (ViewNode("a", "op", "a"),
+        ...     ViewNode("obs/a", "marker", "g0"), ViewNode("b", "op", "b")),
+        ...     (ViewEdge("a", "obs/a"), ViewEdge("obs/a", "b")))
+        >>> edge_refs(QGraph(view, None))
+        {'a->obs/a': 'a -> b', 'obs/a->b': 'a -> b'}
+    """
+    kinds = {n.name: n.kind for n in qgraph.view.nodes}
+    forward: dict[str, list[str]] = {}
+    backward: dict[str, list[str]] = {}
+    for e in qgraph.view.edges:
+        forward.setdefault(e.src, []).append(e.dst)
+        backward.setdefault(e.dst, []).append(e.src)
+    refs: dict[str, str] = {}
+    for e in qgraph.view.edges:
+        if kinds.get(e.src) not in _THROUGH and kinds.get(e.dst) not in _THROUGH:
+            continue
+        producers = _walk(e.src, backward, kinds)
+        consumers = _walk(e.dst, forward, kinds)
+        if len(producers) != 1 or kinds.get(producers[0]) in _NOT_NODES:
+            continue
+        real = [c for c in consumers if kinds.get(c) not in _NOT_NODES]
+        if len(consumers) == 1 and real:
+            refs[f"{e.src}->{e.dst}"] = f"{producers[0]} -> {real[0]}"
+        elif consumers:
+            refs[f"{e.src}->{e.dst}"] = producers[0]
+    return refs
+
+
 class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
     """A Graphviz SVG of a model with selection, module clicks, search, pan and zoom.
 
@@ -103,6 +165,8 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
     height = traitlets.Unicode("480px").tag(sync=True)
     #: ``{marker name: [plan tensors]}``: what a click on an observer marker selects.
     _marker_refs = traitlets.Dict({}).tag(sync=True)
+    #: ``{drawn edge "a->b": plan tensor}``: what a click on an arrow through a marker selects.
+    _edge_refs = traitlets.Dict({}).tag(sync=True)
 
     def show(self, drawing: QGraph | str) -> GraphWidget:
         """Draw ``drawing`` (a :class:`~qviz.viz.QGraph` or an SVG string); returns ``self``.
@@ -116,9 +180,9 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
             '<svg><g/></svg>'
         """
         if isinstance(drawing, QGraph):
-            svg, refs = drawing.svg(), marker_refs(drawing)
+            svg, refs, edges = drawing.svg(), marker_refs(drawing), edge_refs(drawing)
         elif isinstance(drawing, str):
-            svg, refs = drawing, {}
+            svg, refs, edges = drawing, {}, {}
         else:
             raise ConfigError(
                 f"GraphWidget.show draws a QGraph or an SVG string, got "
@@ -126,6 +190,7 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
             )
         with self.hold_sync():
             self._marker_refs = refs
+            self._edge_refs = edges
             self.svg = strip_prolog(svg)
         return self
 

@@ -143,3 +143,14 @@ def test_a_backend_config_quantizer_as_base_refuses_what_the_backend_cannot_run(
     assert editor.overrides == {} and str(editor.plan) == plan and editor.view.graph.svg == svg
     editor.edit("linear", quantize=False)  # leaving it float is always possible
     assert editor.error is None and "linear" in {f.node for f in editor.plan.float_nodes}
+
+
+def test_a_click_on_a_drawn_edge_selects_the_plan_edge(editor):
+    """Issue 25: the browser sends the drawn edge's plan tensor (``_edge_refs``), never a
+    marker's name; the editor selects it without an error."""
+    refs = editor.view.graph._edge_refs
+    editor.view.graph.selected = refs["conv2d_2->obs/conv2d_2"]  # what the click sends
+    assert (editor.selection, editor.error) == ("conv2d_2 -> add", None)
+    editor.view.graph.selected = refs["obs/relu->add"]
+    assert (editor.selection, editor.error) == ("relu -> add", None)
+    assert editor.describe()["name"] == "relu -> add"

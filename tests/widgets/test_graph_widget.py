@@ -121,3 +121,26 @@ def test_the_javascript_exports_render_and_handles_every_trait() -> None:
     for event in ("click", "wheel", "pointerdown", "pointermove", "input"):
         assert f'"{event}"' in js, event
     assert 'model.set("module_click"' in js and "model.save_changes()" in js
+
+
+@needs_dot
+def test_a_click_on_an_edge_through_an_observer_selects_the_plan_edge() -> None:
+    """Issue 25: the observed drawing splits ``conv2d_2 -> add`` into ``conv2d_2 -> obs/conv2d_2``
+    and ``obs/conv2d_2 -> add``; a click on either piece selects the plan's edge."""
+    from qviz.data import digits_model
+    from qviz.widgets.graph_widget import edge_refs
+
+    gm = qviz.export(digits_model(), (torch.randn(4, 1, 8, 8),))
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config()))  # fmt: skip
+    g = graph(prepared)
+    refs = edge_refs(g)
+    assert refs["conv2d_2->obs/conv2d_2"] == "conv2d_2 -> add"
+    assert refs["obs/conv2d_2->add"] == "conv2d_2 -> add"
+    assert refs["obs/relu->add"] == "relu -> add"
+    assert refs["x->obs/x/conv2d"] == refs["obs/x/conv2d->conv2d"] == "x -> conv2d"
+    assert refs["relu->obs/relu"] == "relu"  # relu feeds two consumers: its output tensor
+    drawn = {f"{e.src}->{e.dst}" for e in g.view.edges}
+    assert set(refs) <= drawn
+    assert all("obs/" not in tensor for tensor in refs.values())
+    assert GraphWidget().show(g)._edge_refs == refs

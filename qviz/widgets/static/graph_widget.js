@@ -307,11 +307,14 @@ function findSelected(view, model, name) {
   const byTitle = (kind, title) => groups(view, kind).find((g) => titleOf(g) === title);
   const refs = model.get("_marker_refs") || {};
   const marker = Object.keys(refs).find((m) => refs[m].includes(name));
+  const edgeRefs = model.get("_edge_refs") || {};
+  const edge = Object.keys(edgeRefs).find((e) => edgeRefs[e] === name);
   const path = name.replace(/^module\//, ""); // an expanded module box is now its cluster
   return (
     byTitle("node", name) ||
     byTitle("edge", name.replace(/\s*->\s*/, "->")) ||
     (marker && byTitle("node", marker)) ||
+    (edge && byTitle("edge", edge)) ||
     byTitle("node", `module/${path}`) ||
     byTitle("cluster", `cluster_${path}`) ||
     null
@@ -356,11 +359,13 @@ function showSearch(view, ui, query, advance) {
 // ---- clicks -----------------------------------------------------------------------------------
 
 // What a click on `group` sets: {selected, module} (either may be absent).
-function clickResult(group, refs) {
+// An arrow into or out of an observer marker selects the plan edge it draws (`edgeRefs`).
+function clickResult(group, refs, edgeRefs) {
   const title = titleOf(group);
   const kind = kindOf(group);
   if (kind === "cluster") return { module: title.replace(/^cluster_/, "") };
   if (kind === "edge") {
+    if (edgeRefs[title]) return { selected: edgeRefs[title] };
     const at = title.indexOf("->");
     return { selected: at < 0 ? title : `${title.slice(0, at)} -> ${title.slice(at + 2)}` };
   }
@@ -373,7 +378,8 @@ function onClick(view, model, event) {
   if (view.dragged || !view.g) return;
   const group = event.target.closest(CLICKABLE);
   if (!group || !view.g.contains(group)) return;
-  const { selected, module } = clickResult(group, model.get("_marker_refs") || {});
+  const refs = model.get("_marker_refs") || {};
+  const { selected, module } = clickResult(group, refs, model.get("_edge_refs") || {});
   if (selected !== undefined) {
     view.clicked = { name: selected, element: group };
     model.set("selected", selected);

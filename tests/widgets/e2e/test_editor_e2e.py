@@ -126,3 +126,28 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
 
     assert lab.blocked == [], f"the page tried to reach the network: {lab.blocked}"
     assert lab.errors == [], f"JavaScript errors: {lab.errors}"
+
+
+def test_a_click_on_an_edge_selects_it(lab: Any, screenshots: Path) -> None:
+    """Issue 25: notebook 05's "click the edge conv2d_2 -> add". The drawing splits it at its
+    observer (``conv2d_2 -> obs/conv2d_2 -> add``); a click on either arrow selects the edge."""
+    page = lab.open_notebook([SETUP, SHOW], name="editor-edge.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
+    page.locator(".qviz-graph g.node").first.wait_for(timeout=20_000)
+    for title, expected in (
+        ("conv2d_2->obs/conv2d_2", "conv2d_2 -> add"),
+        ("obs/relu->add", "relu -> add"),
+    ):
+        page.locator(".qviz-graph-search").fill("add")  # the search centres the node add
+        page.locator(".qviz-graph-search").press("Enter")
+        page.screenshot(path=screenshots / "editor-edge-before.png")
+        _group(page, "edge", title).locator("polygon").first.click()
+        heading = page.locator("b", has_text=re.compile(f"^edge {re.escape(expected)}$"))
+        heading.wait_for(timeout=10_000)
+        state = lab.kernel_json(page, "{'selection': ed.selection, 'error': ed.error}")
+        assert state == {"selection": expected, "error": None}
+        assert _dropdown(page, "edit").input_value() == expected
+        assert page.locator(".qviz-graph g.edge.qviz-selected title").text_content() == title
+    page.locator(".jp-Cell-outputArea").last.screenshot(path=screenshots / "editor-edge.png")
+    assert lab.blocked == [], f"the page tried to reach the network: {lab.blocked}"
+    assert lab.errors == [], f"JavaScript errors: {lab.errors}"
