@@ -407,7 +407,7 @@ def compare(
     rows, measured = out.result
     for part in out.others:
         measured.merge(part)
-    return _report(rows, measured)
+    return _report(rows, measured).measured(quantized_model, float_model)
 
 
 def _check_models(float_model: Any, quantized_model: Any) -> Stage:

@@ -371,7 +371,8 @@ def compare_modules(
         totals.merge(their_totals)
     if totals.count == 0:
         raise ConfigError("compare got no batches on any rank: every shard is empty")
-    return NumericReport.from_table(_table(layers, list(order)), **totals.figures())
+    report = NumericReport.from_table(_table(layers, list(order)), **totals.figures())
+    return report.measured(quantized_model, float_model)
 
 
 def _check_models(float_model: Any, quantized_model: Any, metric: Any) -> None:

@@ -44,6 +44,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from qviz.engine.graph.fingerprint import Fingerprint
+from qviz.engine.graph.fingerprint import fingerprint as fingerprint_of
 from qviz.engine.graph.node_data import op_name
 from qviz.errors import ConfigError
 
@@ -110,6 +112,9 @@ class NumericReport:
         output_sqnr: SQNR (dB) of the model outputs, quantized against float, over all data.
         metric: the user's metric, averaged over samples (None when not given).
         batches, samples: how much data was compared.
+        fingerprint, float_fingerprint: the quantized and the float model it measured
+            (:func:`qviz.engine.graph.fingerprint.fingerprint`; None for a table built by
+            hand). Export, views and the dashboard refuse the report with another model.
 
     Example:
         >>> r = NumericReport.from_table([
@@ -127,12 +132,22 @@ class NumericReport:
         metric: float | None = None,
         batches: int = 0,
         samples: int = 0,
+        fingerprint: Fingerprint | None = None,
+        float_fingerprint: Fingerprint | None = None,
     ) -> None:
         self.df = df
         self.output_sqnr = output_sqnr
         self.metric = metric
         self.batches = batches
         self.samples = samples
+        self.fingerprint = fingerprint
+        self.float_fingerprint = float_fingerprint
+
+    def measured(self, quantized_model: Any, float_model: Any) -> NumericReport:
+        """Record the models this report measured (their fingerprints); returns ``self``."""
+        self.fingerprint = fingerprint_of(quantized_model)
+        self.float_fingerprint = fingerprint_of(float_model)
+        return self
 
     @classmethod
     def from_rows(

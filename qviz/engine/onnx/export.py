@@ -62,6 +62,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.graph.inputs import check_inputs
 from qviz.engine.graph.node_data import (
     REPORT_COLUMNS,
@@ -348,8 +349,11 @@ def _tidy(model: Any) -> None:
     common.RemoveUnusedNodesPass()(model)
 
 
-def _report_values(report: Any, ready: nn.Module, source: str) -> dict[str, dict[str, float]]:
-    """``{operator: {column: value}}`` to write, checked against the converted graph."""
+def _report_values(
+    report: Any, model: nn.Module, ready: nn.Module, source: str
+) -> dict[str, dict[str, float]]:
+    """``{operator: {column: value}}`` to write, checked against the converted graph: the
+    report must have measured ``model`` (its fingerprint), and its rows must name its nodes."""
     if report is None:
         return {}
     if source != "pt2e" or not isinstance(ready, GraphModule):
@@ -357,6 +361,7 @@ def _report_values(report: Any, ready: nn.Module, source: str) -> dict[str, dict
             "export_onnx(report=...) takes the report of a model converted by qviz.convert_pt2e; "
             "a TensorQuantizer model's layers are not graph operators: export it without report"
         )
+    check_fingerprint(report, model, "export_onnx(report=...)")
     ops = {n.name: op_name(n) for n in ready.graph.nodes if n.op == "call_function"}
     rows = report_ops(report)
     check_report_matches(report, [r for r, op in rows.items() if ops.get(r) == op], ops,
@@ -491,7 +496,7 @@ def export_onnx(
             f"wrap a single input as (x,)"
         )
     ready, source, ranges = _prepare(model, opset)
-    values = _report_values(report, ready, source)
+    values = _report_values(report, model, ready, source)
     options: dict[str, Any] = {}
     if dynamic_batch:
         options["dynamic_shapes"] = dynamic_batch_shapes(example_inputs)

@@ -130,3 +130,23 @@ def test_refuses_a_report_for_a_tensor_quantizer_model(digits, tmp_path):
     model = torch.nn.Sequential(TensorQuantizer(QuantDescriptor(num_bits=8, amax=1.0)))
     with pytest.raises(ConfigError, match="convert_pt2e"):
         qviz.export_onnx(model, torch.randn(2, 3), tmp_path / "t.onnx", report=digits["report"])
+
+
+def test_refuses_the_report_of_another_model_whose_names_coincide(tmp_path):
+    """Every row of ``small``'s report (``linear``) names an operator of ``large``: only the
+    fingerprint tells that the report measured another model (house rule 14)."""
+    from tests.helpers.two_models import two_models
+
+    models = two_models()
+    large = models.large
+    with pytest.raises(ConfigError, match=r"export_onnx\(report=...\).*\(1 operators\).*"
+                       r"\(2 operators\).*qviz.numeric.compare on this model"):  # fmt: skip
+        qviz.export_onnx(
+            large.quantized, (large.x,), tmp_path / "o.onnx", report=models.small.report
+        )
+    assert not (tmp_path / "o.onnx").exists()
+    import copy
+
+    kept = qviz.export_onnx(copy.deepcopy(large.quantized), (large.x,), tmp_path / "k.onnx",
+                            report=copy.deepcopy(large.report))  # fmt: skip
+    assert sorted(kept.node_properties) == ["linear", "relu"]

@@ -1,0 +1,53 @@
+"""A model's fingerprint (house rule 14): stable over copies and stages of one model, different
+for another model, and the one check every consumer of a report calls."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from qviz.engine.graph.fingerprint import Fingerprint, check_fingerprint, fingerprint
+from qviz.errors import ConfigError
+from tests.helpers.two_models import two_models
+
+pytest.importorskip("pandas")
+
+
+def test_one_model_has_one_fingerprint_across_copies_stages_and_programs():
+    small = two_models().small
+    fp = fingerprint(small.quantized)
+    assert fp == fingerprint(copy.deepcopy(small.quantized)) == fingerprint(small.prepared)
+    assert fp == fingerprint(torch.export.export(small.quantized, (small.x,)))
+    assert fp == fingerprint(small.float)  # no BatchNorm folded: the same operators
+    assert fp.operators == 1
+
+
+def test_another_model_with_the_same_names_has_another_fingerprint():
+    models = two_models()
+    assert fingerprint(models.small.quantized) != fingerprint(models.large.quantized)
+    assert fingerprint(models.large.quantized).operators == 2
+
+
+def test_a_report_knows_the_models_it_measured():
+    large = two_models().large
+    assert large.report.fingerprint == fingerprint(large.quantized)
+    assert large.report.float_fingerprint == fingerprint(large.float)
+    kept = copy.deepcopy(large.report)
+    check_fingerprint(kept, copy.deepcopy(large.quantized), "test")  # the same model: accepted
+
+
+def test_a_report_of_another_model_is_refused_naming_both():
+    models = two_models()
+    with pytest.raises(ConfigError, match=r"test: the report measured another model \(model "
+                       r"\w{16} \(1 operators\)\) than this one \(model \w{16} \(2 operators\)\)"
+                       r".*run qviz.numeric.compare on this model"):  # fmt: skip
+        check_fingerprint(models.small.report, models.large.quantized, "test")
+
+
+def test_a_table_without_a_fingerprint_is_left_to_the_callers_checks():
+    check_fingerprint(object(), two_models().large.quantized, "test")
+    assert isinstance(fingerprint(torch.nn.Linear(2, 2)), Fingerprint)
+    with pytest.raises(ConfigError, match="needs a model"):
+        fingerprint(3)
