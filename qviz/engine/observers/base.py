@@ -226,7 +226,9 @@ class ObserverBase(abc.ABC, nn.Module):
 
     # -- helpers for subclasses ----------------------------------------------------------------
     def _label(self) -> str:
-        return type(self).__name__
+        """What errors call this observer: ``qviz_label`` (prepare sets it: the module's name and
+        the tensor it observes), else the class name."""
+        return getattr(self, "qviz_label", None) or type(self).__name__
 
     def _input(self, x: Any) -> torch.Tensor | None:
         """``x`` detached, or None when it is empty (nothing to observe)."""

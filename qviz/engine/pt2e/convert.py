@@ -39,6 +39,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
+from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.graph.stage import Stage, is_observer, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.pt2e.annotations import rebind_annotations
@@ -46,7 +47,7 @@ from qviz.engine.pt2e.passes.constant_fold import fold_quantized_constants
 from qviz.engine.pt2e.passes.duplicate_dq import duplicate_dequantize
 from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, replace_observer
 from qviz.engine.pt2e.passes.port_metadata import port_metadata
-from qviz.engine.pt2e.passes.qat_conv_bn import fold_qat_conv_bn
+from qviz.engine.pt2e.passes.qat_conv_bn import QAT_BN_OPS, fold_qat_conv_bn
 from qviz.engine.pt2e.plan import QParams, QuantPlan, plan_of, set_plan
 from qviz.errors import CalibrationError, ConfigError
 
@@ -70,6 +71,63 @@ def _saw_no_data(obs: nn.Module) -> bool:
     return min_val.numel() == 0 or bool(torch.isinf(min_val).all())
 
 
+def _observes(plan: QuantPlan | None, name: str) -> str:
+    """The tensors the observer ``name`` observes, as the plan records them."""
+    members = [
+        ", ".join(str(m) for m in g.members)
+        for g in (plan.groups if plan else ())
+        if g.observer == name
+    ]
+    return members[0] if members else "a tensor"
+
+
+def _non_finite(value: object) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and not bool(torch.isfinite(value).all())
+    )
+
+
+def _check_ranges(gm: GraphModule, nodes: list[Node], plan: QuantPlan | None) -> None:
+    """Refuse observers whose range holds NaN or Inf: their qparams would be NaN (a NaN bias,
+    NaN outputs after convert)."""
+    bad = []
+    for name in dict.fromkeys(str(n.target) for n in nodes):
+        obs = gm.get_submodule(name)
+        if _saw_no_data(obs):  # (+inf, -inf): allow_uncalibrated's defaults, warned about
+            continue
+        inner = getattr(obs, "activation_post_process", obs)
+        ranges = [getattr(m, k, None) for m in (obs, inner) for k in ("min_val", "max_val")]
+        if any(_non_finite(r) for r in ranges):
+            bad.append(f"  {name} (observes {_observes(plan, name)})")
+    if bad:
+        raise CalibrationError(
+            f"{len(bad)} observer(s) hold a NaN or Inf range, so their scale would be NaN:\n"
+            + "\n".join(bad)
+            + "\nreload the model from before the batch that produced them (qviz.calibrate and "
+            "the fake-quantize modules now refuse such batches), or reset() these observers "
+            "and calibrate again"
+        )
+
+
+def _check_batch_norm(gm: GraphModule) -> None:
+    """Refuse NaN or Inf in a training BatchNorm's weight, bias or statistics before folding
+    them into the conv (where they would become a NaN bias)."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in QAT_BN_OPS:
+            continue
+        for arg in node.args:
+            if isinstance(arg, Node) and arg.op == "get_attr":
+                if _non_finite(get_attr_value(gm, arg)):
+                    raise CalibrationError(
+                        f"{node.format_node()}: its {arg.target} holds NaN or Inf values, which "
+                        f"folding into the conv would write into its bias; reload the model "
+                        f"from before the batch that produced them (a NaN/Inf batch in QAT "
+                        f"training), or reset these statistics and train on"
+                    )
+
+
 def _check_calibrated(
     gm: GraphModule, nodes: list[Node], plan: QuantPlan | None, allow_uncalibrated: bool
 ) -> None:
@@ -77,14 +135,7 @@ def _check_calibrated(
     unseen = [t for t in targets if _saw_no_data(gm.get_submodule(t))]
     if not unseen:
         return
-    lines = []
-    for name in unseen:
-        members = [
-            ", ".join(str(m) for m in g.members)
-            for g in (plan.groups if plan else ())
-            if g.observer == name
-        ]
-        lines.append(f"  {name} (observes {members[0] if members else 'a tensor'})")
+    lines = [f"  {name} (observes {_observes(plan, name)})" for name in unseen]
     if allow_uncalibrated:
         warnings.warn(
             f"convert_pt2e(allow_uncalibrated=True): {len(unseen)} observer(s) saw no data and "
@@ -125,7 +176,9 @@ def convert_pt2e(
 
     Raises:
         CalibrationError: observers that saw no data, each listed with the tensors it observes
-            (unless ``allow_uncalibrated``).
+            (unless ``allow_uncalibrated``); observers whose range, or training BatchNorms
+            whose weight, bias or statistics hold NaN or Inf (named), instead of NaN qparams
+            and NaN folded biases.
 
     Example:
         >>> import torch, qviz
@@ -143,6 +196,7 @@ def convert_pt2e(
     _check_arguments(model, fold_quantize, use_reference_representation)
     # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
     gm = rebind_annotations(copy.deepcopy(model))
+    _check_batch_norm(gm)
     renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
     plan = plan_of(gm)
     if renamed and plan is not None:
@@ -157,6 +211,7 @@ def convert_pt2e(
     if not nodes:
         return disallow_train_eval(_without_observers(model, gm, bodies))
     _check_calibrated(gm, nodes, plan, allow_uncalibrated)
+    _check_ranges(gm, nodes, plan)
     qparams = _replace_observers(gm, nodes, fold_quantize)
     if plan is not None:
         made = _made_by_observer(gm)

@@ -43,7 +43,7 @@ from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.pt2e.annotations import collect_specs, out_arguments
 from qviz.engine.pt2e.passes.bn_fold import fold_batch_norm
-from qviz.engine.pt2e.plan import build_plan, require_plan, set_plan
+from qviz.engine.pt2e.plan import TensorRef, build_plan, require_plan, set_plan
 from qviz.engine.pt2e.sharing import Sharing, describe, resolve_sharing
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
@@ -172,6 +172,9 @@ def _register(
             gm.add_submodule(name, obs)
         key_to_name[key] = name
     group_names = {g: key_to_name[sharing.owner[g]] for g in sharing.groups}
+    for g, name in group_names.items():  # what an observer's errors call it
+        observer = gm.get_submodule(name)
+        observer.qviz_label = f"{name} (observing {TensorRef.of(sharing.owner[g])})"
     return key_to_name, group_names
 
 
