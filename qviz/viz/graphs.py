@@ -26,6 +26,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.errors import ConfigError, MissingDependencyError
 from qviz.viz.dot import to_digraph
 from qviz.viz.graph_records import GraphView
@@ -228,7 +229,8 @@ def graph(
             in the box and a colour bar in the legend (e.g. per-layer SQNR in dB): a mapping
             ``{node_name: float}``, a pandas DataFrame with a ``"node"`` column (or indexed by
             node name), or an object with such a ``.df``. A collapsed box shows its members'
-            lowest value; names not in the graph are warned about and skipped.
+            lowest value; names not in the graph are warned about and skipped. A numeric
+            report of another model (its fingerprint) is refused.
         metric_column: the DataFrame column to draw (default: its first numeric column); for a
             mapping, the name the legend and boxes give the values.
         metric_range: ``(low, high)`` for the colour scale, so that several drawings compare
@@ -259,6 +261,8 @@ def graph(
             f"graph() draws a graph module, got {type(model).__name__}: pass "
             f"qviz.export(model, inputs), or the result of prepare_pt2e / convert_pt2e"
         )
+    if metrics is not None:  # a report knows its model: another model's is refused
+        check_fingerprint(metrics, model, "graph(metrics=...)")
     view = read_graph(model, show_params=show_params)
     if metrics is not None:
         view = _with_metrics(view, *_metric_values(metrics, metric_column))

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
 
@@ -86,8 +87,8 @@ def report(
         The path written, as a :class:`pathlib.Path`.
 
     Raises:
-        ConfigError: ``model`` has no ``.plan``, the folder of ``path`` does not exist, or
-            ``ns`` is not a DataFrame.
+        ConfigError: ``model`` has no ``.plan``, the folder of ``path`` does not exist,
+            ``ns`` is not a DataFrame, or ``ns`` is the numeric report of another model.
 
     Example:
         >>> import tempfile, torch, qviz
@@ -103,6 +104,7 @@ def report(
     plan = _plan_of(model)
     out = _check_path(path)
     frame = _frame_of(ns) if ns is not None else None
+    check_fingerprint(ns, model, "report(ns=...)")  # a report of another model: refused
     from qviz.viz.read_graph import stage_of
 
     stage = stage_of(model)

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.graph.node_data import (
     DEFAULT_COLUMNS,
     SCALE,
@@ -238,6 +239,7 @@ def _values(model: Any, report: Any, columns: Sequence[str] | None) -> dict[str,
         by_column[SCALE] = scales
     wanted = [c for c in chosen if c != SCALE]
     if report is not None:
+        check_fingerprint(report, model, "to_model_explorer")  # another model's: refused
         rows = report_ops(report)
         placed = _place(graph, rows)
         ops = {n.name: op_name(n) for n in graph.nodes if n.op == "call_function"}

@@ -45,6 +45,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.graph.inputs import batches_of, bind_batch, checked_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
@@ -108,7 +109,8 @@ class NumericDashboard(ViewOwner):
 
     Raises:
         ConfigError: ``report`` is not a NumericReport, a model at the wrong stage
-            (``quantized_model`` converted, ``float_model`` float), or ``data`` is not batches.
+            (``quantized_model`` converted, ``float_model`` float), ``report`` measured another
+            model than ``quantized_model``, or ``data`` is not batches.
 
     Example:
         >>> from qviz.numeric import NumericReport
@@ -144,6 +146,7 @@ class NumericDashboard(ViewOwner):
         if quantized_model is not None:  # the stages details and fallbacks run, checked first
             check_stage(quantized_model, Stage.CONVERTED, where="NumericDashboard",
                         arg="quantized_model")  # fmt: skip
+            check_fingerprint(report, quantized_model, "NumericDashboard")
         if float_model is not None:
             check_stage(float_model, Stage.FLOAT, where="NumericDashboard", arg="float_model")
         self.error: str | None = None

@@ -442,3 +442,23 @@ def test_int16_activations_of_a_bfloat16_model_are_labelled_with_both_dtypes():
     assert all(n.detail.startswith("int16 scale=") for n in acts)
     assert sum("→ bfloat16" in n.detail for n in acts) == 2  # the dequantizes give bf16 back
     assert "int16 scale=" in g.dot
+
+
+def test_metrics_from_the_report_of_another_model_are_refused():
+    """A report knows its model (rule 14): not drawn on another model, even where every row's
+    name is a node of this graph; its own model's stages and copies are accepted."""
+    import copy
+
+    from tests.helpers.two_models import two_models
+
+    models = two_models()
+    large = models.large
+    for other, model in [(models.small, large.quantized), (large, models.small.quantized)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # refused, not drawn with a warning
+            with pytest.raises(ConfigError, match=r"graph\(metrics=...\).*another model.*"
+                               r"qviz.numeric.compare on this model"):  # fmt: skip
+                graph(model, metrics=other.report)
+    for model in (large.quantized, copy.deepcopy(large.quantized), large.prepared, large.float):
+        g = graph(model, metrics=copy.deepcopy(large.report), metric_column="local_sqnr")
+        assert {n.name for n in g.view.nodes if n.value is not None} == {"linear", "relu"}

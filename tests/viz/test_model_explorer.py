@@ -275,3 +275,23 @@ def test_json_is_what_node_data_builder_writes(digits, tmp_path):
         theirs = json.loads(built.to_json_string())[GRAPH_ID]
         # the builder writes its defaults too; every field qviz writes has the builder's value
         assert {k: theirs[k] for k in graph} == graph
+
+
+def test_refuses_the_report_of_another_model_whose_names_coincide(tmp_path):
+    """Every row of ``small``'s report names an operator of ``large``; the report's
+    fingerprint still says it measured another model (rule 14)."""
+    import copy
+
+    from tests.helpers.two_models import two_models
+
+    models = two_models()
+    large = models.large
+    program = torch.export.export(large.quantized, (large.x,))
+    with pytest.raises(ConfigError, match=r"to_model_explorer.*another model.*"
+                       r"qviz.numeric.compare on this model"):  # fmt: skip
+        to_model_explorer(program, models.small.report, path=tmp_path / "no")
+    assert not (tmp_path / "no").exists()
+    float_program = torch.export.export(copy.deepcopy(large.float), (large.x,))
+    for model in (program, float_program):  # the quantized and the float model it measured
+        data = to_model_explorer(model, copy.deepcopy(large.report), path=tmp_path / "yes")
+        assert data.nodes["local_sqnr"] == 2

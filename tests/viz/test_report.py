@@ -156,3 +156,20 @@ def test_errors(prepared, tmp_path):
     with pytest.raises(ConfigError, match="DataFrame"):
         report(prepared, tmp_path / "r.html", ns=[1, 2])
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_numeric_report_of_another_model_is_refused(tmp_path):
+    """Rule 14: a report names the model it measured; another model's is an error, not a
+    partial match on node names."""
+    import copy
+
+    from tests.helpers.two_models import two_models
+
+    models = two_models()
+    large = models.large
+    with pytest.raises(ConfigError, match=r"report\(ns=...\).*another model.*\(1 operators\).*"
+                       r"\(2 operators\).*qviz.numeric.compare on this model"):  # fmt: skip
+        report(large.quantized, tmp_path / "r.html", ns=models.small.report)
+    assert not (tmp_path / "r.html").exists()
+    report(copy.deepcopy(large.quantized), tmp_path / "r.html", ns=copy.deepcopy(large.report))
+    assert "linear" in (tmp_path / "r.html").read_text()

@@ -200,3 +200,21 @@ def test_from_models_on_the_digits_model():
     assert dash.detail().sqnr == pytest.approx(expected, abs=0.05)  # one batch: the same batch
     direct = layer_detail(dash.float_model, quantized, worst, (images,))
     assert direct.sqnr == dash.detail().sqnr
+
+
+def test_the_report_of_another_model_is_refused():
+    """Rule 14: the dashboard shows a report with the model it measured, not another model
+    whose node names happen to coincide."""
+    import copy
+
+    from tests.helpers.two_models import two_models
+
+    models = two_models()
+    large = models.large
+    with pytest.raises(ConfigError, match=r"NumericDashboard.*another model.*\(1 operators\).*"
+                       r"\(2 operators\).*qviz.numeric.compare on this model"):  # fmt: skip
+        NumericDashboard(models.small.report, quantized_model=large.quantized)
+    dash = NumericDashboard(
+        copy.deepcopy(large.report), quantized_model=copy.deepcopy(large.quantized)
+    )
+    assert len(dash.rows) == 2
