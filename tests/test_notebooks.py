@@ -23,6 +23,8 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 KERNEL_NAME = "python3"
 CELL_TIMEOUT_S = 300
+#: The PNG figures a notebook shows at least (each ``fig`` cell must render as an image).
+IMAGES = {"08_quantization_aware_training.ipynb": 1}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PROBE = "import json, sys\nprint(json.dumps({'executable': sys.executable, 'prefix': sys.prefix}))"
 
@@ -95,6 +97,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _isolated_kernel_env(tmp_path, monkeypatch)
     nb = nbformat.read(path, as_version=4)
     nb.cells.insert(0, nbformat.v4.new_code_cell(_PROBE))
+    nb.metadata["qviz_path"] = path.name
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
@@ -116,6 +119,23 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         f"the notebook ran in {probe}, not in the interpreter running the tests ({sys.executable})"
     )
     _check_widget_state(nb)
+    _check_figures_render(nb)
+
+
+def _check_figures_render(nb: nbformat.NotebookNode) -> None:
+    """Every matplotlib Figure a cell displayed came out as an image, not as its text repr
+    (issue 25: ``fig = monitor.plot(); fig`` showed ``<Figure size 1000x572 with 4 Axes>``)."""
+    as_text = [
+        index
+        for index, cell in enumerate(nb.cells[1:])
+        for o in cell.get("outputs", [])
+        if str(o.get("data", {}).get("text/plain", "")).startswith("<Figure size")
+        and "image/png" not in o["data"]
+    ]
+    assert not as_text, f"cells {as_text} (0-based) show a Figure as text, not as an image"
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    expected = IMAGES.get(Path(nb.metadata.get("qviz_path", "")).name, 0)
+    assert images >= expected, f"{images} PNG images shown, expected at least {expected}"
 
 
 def _check_widget_state(nb: nbformat.NotebookNode) -> None:

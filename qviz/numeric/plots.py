@@ -14,15 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from qviz.errors import MissingDependencyError
-
 
 def _figure(**kwargs: Any) -> Any:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
-        raise MissingDependencyError("plots need matplotlib: pip install matplotlib") from exc
-    return Figure(**kwargs)
+    from qviz.numeric.figure import new_figure
+
+    return new_figure(**kwargs)
 
 
 def _finite(values: Any) -> list[float]:

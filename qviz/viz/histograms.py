@@ -51,7 +51,7 @@ from qviz.engine.qparams import clip_limits, quant_range, symmetric_scale
 from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
-from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
+from qviz.errors import CalibrationError, ConfigError
 from qviz.numeric.metrics import histogram_clipped_fraction
 
 _DEFAULT_METHODS = ("max", "percentile", "entropy", "mse")
@@ -96,12 +96,11 @@ class HistogramData:
 
 
 def new_figure(**kwargs: Any) -> Any:
-    """A matplotlib Figure not registered with pyplot (so nothing is shown behind one's back)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
-        raise MissingDependencyError("qviz.viz needs matplotlib: pip install matplotlib") from exc
-    return Figure(**kwargs)
+    """A matplotlib Figure not registered with pyplot (so nothing is shown behind one's back)
+    that shows itself as a PNG in a notebook."""
+    from qviz.numeric.figure import new_figure as figure
+
+    return figure(**kwargs)
 
 
 def histogram(

@@ -29,15 +29,13 @@ from typing import Any
 import torch
 
 from qviz.engine.pt2e.plan import plan_of
-from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
+from qviz.errors import CalibrationError, ConfigError
 
 
 def _new_figure(**kwargs: Any) -> Any:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
-        raise MissingDependencyError("qviz.viz needs matplotlib: pip install matplotlib") from exc
-    return Figure(**kwargs)
+    from qviz.numeric.figure import new_figure
+
+    return new_figure(**kwargs)
 
 
 def ranges(prepared: Any, *, outlier: float = 4.0, max_members: int = 2) -> Any:

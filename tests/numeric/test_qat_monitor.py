@@ -141,6 +141,7 @@ def test_records_frame_plot_and_close():
     assert frame["loss"].notna().all() and set(frame["step"]) == {1, 2, 3}
     fig = monitor.plot()
     assert len(fig.axes) == 4  # trajectories, clipped heat map, its colour bar, change counts
+    assert fig._repr_png_().startswith(b"\x89PNG")  # `fig` alone shows it in a notebook
     assert "3 steps" in repr(monitor)
 
 
