@@ -120,6 +120,25 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
     _check_widget_state(nb)
     _check_figures_render(nb)
+    if path.name.startswith("02_"):
+        _check_prepared_counts(nb)
+
+
+def _check_prepared_counts(nb: nbformat.NotebookNode) -> None:
+    """Notebook 02: the printed observer count is the plan's and the next sentence says it
+    (issue 25: it printed ``observers: 0`` and then said the prepared copy has 14)."""
+    text = "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
+    printed = re.search(
+        r"prepared\s+batch_norm ops: (\d+), conv2d ops: \d+, observers: (\d+)", text
+    )
+    assert printed, "notebook 02 no longer prints the prepared model's counts"
+    said = re.search(
+        r"(\d+) observers", "".join(c.source for c in nb.cells[1:] if c.cell_type == "markdown")
+    )
+    assert printed.group(1) == "0" and said
+    assert printed.group(2) == said.group(1) != "0", (printed.group(0), said.group(0))
 
 
 def _check_figures_render(nb: nbformat.NotebookNode) -> None:
