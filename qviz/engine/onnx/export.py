@@ -223,10 +223,27 @@ def _batch_and_dtype(gm: GraphModule) -> tuple[Any, str] | None:
     return None
 
 
+def _check_runs(ready: nn.Module, example: tuple) -> None:
+    """Run an eval copy of the eager ``ready`` once on ``example``: inputs it cannot take are
+    named here, not as torch.onnx's tracing failure (or onnx's type error after it)."""
+    trial = copy.deepcopy(ready).eval()
+    try:
+        with torch.no_grad(), fb_fake_quant(trial):
+            trial(*example)
+    except Exception as exc:  # the model's own error, whatever its type
+        got = [f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else repr(x)
+               for x in example]  # fmt: skip
+        raise ConfigError(
+            f"export_onnx: example_inputs {got} do not run through {type(ready).__name__} "
+            f"({_root_cause(exc)}); pass inputs the model takes (their shape and dtype)"
+        ) from exc
+
+
 def _check_example(ready: nn.Module, source: str, example: tuple, dynamic_batch: bool) -> None:
     """Refuse, before torch.onnx runs, example inputs a converted graph was not exported for,
     and a dynamic batch asked of a graph exported for a fixed one (the file would be fixed)."""
     if source != "pt2e" or not isinstance(ready, GraphModule):
+        _check_runs(ready, example)
         return
     first = _batch_and_dtype(ready)
     if first is None:

@@ -130,3 +130,18 @@ def test_fixed_batch_file_takes_its_batch_only(fixed, tmp_path):
     assert _outputs(result.path, x).shape == (32, 3)
     with pytest.raises(Exception, match=r"(?i)dimension|shape"):
         _outputs(result.path, torch.randn(3, 4))
+
+
+@pytest.mark.parametrize(
+    ("x", "match"),
+    [(torch.randn(8, 4).double(), "dtype"), (torch.randn(8, 5), r"\[8, 5\]|8x5|shape")],
+)
+def test_a_tensor_quantizer_model_names_example_inputs_it_cannot_run(x, match, tmp_path):
+    from qviz.engine.tensor.quant_modules import quantize_model
+
+    model = quantize_model(nn.Sequential(nn.Linear(4, 3)).eval())
+    qviz.calibrate_quantizers(model, [torch.randn(8, 4)], progress=False)
+    with pytest.raises(ConfigError, match=rf"example_inputs .*{match}.*pass inputs") as info:
+        export_onnx(model, (x,), tmp_path / "m.onnx")
+    assert "export-friendly" not in str(info.value)
+    assert not (tmp_path / "m.onnx").exists()
