@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx.traceback as fx_traceback
+from torch._subclasses.fake_tensor import FakeTensor
 
 #: Types of ATen operators (``torch.ops.aten.add.Tensor`` and ``torch.ops.aten.add``).
 OpOverload = torch._ops.OpOverload
@@ -87,6 +88,15 @@ def is_tracing(x: torch.Tensor) -> bool:
         >>> is_tracing(torch.ones(2))
         False
     """
-    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(x, FakeTensor) or torch.compiler.is_compiling() or torch.jit.is_tracing()
 
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or isinstance(x, FakeTensor)
+
+def copy_tensors_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``d.copy_(s)`` for each pair, in one call (torch's private ``_foreach_copy_``).
+
+    Example:
+        >>> a, b = [torch.zeros(2), torch.zeros(1)], [torch.ones(2), torch.full((1,), 2.0)]
+        >>> copy_tensors_(a, b); a
+        [tensor([1., 1.]), tensor([2.])]
+    """
+    torch._foreach_copy_(dst, src)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from qviz.engine.compat import copy_tensors_
 from qviz.engine.graph.inputs import batch_errors, labelled_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
@@ -110,11 +111,11 @@ class _StepSnapshot:
 
     def take(self) -> None:
         with torch.no_grad():
-            torch._foreach_copy_(list(self._saved.values()), list(self._live.values()))
+            copy_tensors_(list(self._saved.values()), list(self._live.values()))
 
     def restore(self) -> None:
         with torch.no_grad():
-            torch._foreach_copy_(list(self._live.values()), list(self._saved.values()))
+            copy_tensors_(list(self._live.values()), list(self._saved.values()))
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
