@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -102,6 +103,26 @@ def _read_all(modules: list[nn.Module]) -> list[tuple[list[float], list[float]]]
     return [tuple(e) for e in out]
 
 
+def _number(name: str, value: Any) -> float | None:
+    """``value`` (None, a number or a one-element tensor) as a float, or a ConfigError.
+
+    Example:
+        >>> _number("loss", torch.tensor(0.25)), _number("metric", None)
+        (0.25, None)
+    """
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach())
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(
+        f"QATMonitor.step: {name} must be a number or a one-element tensor, got "
+        f"{type(value).__name__} {value!r:.60}; pass the step's {name}, e.g. "
+        f"monitor.step(loss=loss.item())"
+    )
+
+
 class QATMonitor:
     """Record every fake-quantize module's scale, changes and clipping at each training step.
 
@@ -139,6 +160,12 @@ class QATMonitor:
         if sample is not None and (not isinstance(sample, int) or sample < 1):
             raise ConfigError(f"sample must be a positive int or None, got {sample!r}")
         self.sample = sample
+        if not isinstance(model, nn.Module):
+            raise ConfigError(
+                f"QATMonitor: model must be the module qviz.prepare_qat_pt2e returned, got "
+                f"{type(model).__name__} {model!r:.60}; pass the prepared model itself: "
+                f"QATMonitor(qviz.prepare_qat_pt2e(exported, quantizer))"
+            )
         self.modules = {n: m for n, m in model.named_modules() if _is_fake_quantize(m)}
         if not self.modules:
             raise ConfigError(
@@ -202,14 +229,10 @@ class QATMonitor:
             loss: the step's loss (a tensor is read with ``float()``).
             metric: any number to plot beside it (an accuracy, a learning rate).
         """
+        loss, metric = _number("loss", loss), _number("metric", metric)
         tally_all([p for samples in self._pending.values() for p in samples], self._tally)
         self._pending.clear()
         self.steps += 1
-        loss = (
-            float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-            if loss is not None
-            else None
-        )
         now = []
         read = _read_all(list(self.modules.values()))
         for name, qparams in zip(self.modules, read, strict=True):

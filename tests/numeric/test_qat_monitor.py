@@ -231,3 +231,18 @@ def test_stats_every_tallies_every_nth_step_and_reads_scales_every_step():
     assert {r.step for r in monitor.records} == set(range(1, 8))  # scales: every step
     with pytest.raises(ConfigError, match="stats_every must be a positive int"):
         QATMonitor(prepared, stats_every=0)
+
+
+def test_a_model_that_is_not_a_module_and_a_loss_that_is_not_a_number_are_named():
+    """Issue 25: ``QATMonitor("model")`` raised AttributeError and ``step(loss="abc")``
+    ValueError; each is a ConfigError naming the argument, what it got, and the fix."""
+    with pytest.raises(ConfigError, match=r"model.*got str 'model'.*prepare_qat_pt2e"):
+        QATMonitor("model")
+    prepared = _prepared()
+    monitor = QATMonitor(prepared)
+    for name, bad in (("loss", "abc"), ("metric", [1, 2]), ("loss", torch.ones(3))):
+        with pytest.raises(ConfigError, match=rf"{name} must be a number.*got"):
+            monitor.step(**{name: bad})
+    assert monitor.steps == 0 and monitor.records == []  # a refused step records nothing
+    monitor.step(loss=torch.tensor(0.5), metric=1)
+    assert monitor.steps == 1
