@@ -58,7 +58,6 @@ Example (one process; under ``torchrun`` every rank runs the same lines on its o
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +68,7 @@ from torch import nn
 
 import qviz.errors as errors  # the classes by name: a failing rank's, re-raised here
 from qviz.engine.distributed.merge_rules import Contributions, Rule, Shape, rule_for
+from qviz.engine.graph.fingerprint import digest
 from qviz.engine.observers.fake_quantize import FakeQuantize
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, QvizError
@@ -294,8 +294,7 @@ def _items(model: nn.Module) -> list[_Item]:
 
 def _plan_digest(model: nn.Module) -> str:
     plan = plan_of(model)
-    text = repr(getattr(plan, "groups", None)) + repr(getattr(plan, "tensors", None))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest([repr(getattr(plan, "groups", None)), repr(getattr(plan, "tensors", None))])
 
 
 def _outcome(model: nn.Module, items: list[_Item], batches: int) -> dict:
