@@ -15,6 +15,13 @@ quantization is torch's own ``fake_quantize_per_tensor_affine`` /
 ``fused_moving_avg_obs_fake_quant`` (:class:`FusedMovingAvgObsFakeQuantize`), as in torchao.
 convert asks ``calculate_qparams()``, the observer's qparams, as torchao's convert does.
 
+A NaN or Inf in a tensor observed (observer on) is refused with a CalibrationError naming the
+module and the tensor it observes (``qviz_label``, set by prepare) and its state left as it
+was: the observer checks before it folds a batch in; the fused op's moving averages, scale and
+zero_point are put back from a copy kept in buffers reused between forwards (one ``.item()``
+sync per forward; on the digits QAT step, +0.15 ms of 14.6 ms on CPU). Where no error can be
+raised (torch.compile, torch.export tracing) nothing is checked.
+
 =================================  =============================================================
 module                             forward
 =================================  =============================================================
