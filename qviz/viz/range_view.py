@@ -27,7 +27,9 @@ import statistics
 from typing import Any
 
 import torch
+from torch import nn
 
+from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError
 
@@ -56,6 +58,14 @@ def ranges(prepared: Any, *, outlier: float = 4.0, max_members: int = 2) -> Any:
         ConfigError: ``prepared`` has no ``.plan`` (not from ``qviz.prepare_pt2e``).
         CalibrationError: an observer saw no data.
     """
+    if isinstance(prepared, nn.Module) and model_stage(prepared) is Stage.CONVERTED:
+        raise ConfigError(
+            "qviz.viz.ranges: prepared must be a calibrated model from qviz.prepare_pt2e, got a "
+            "converted GraphModule (its observers became quantize/dequantize ops, so there is no "
+            "observed range left to draw): pass the prepared model after qviz.calibrate, before "
+            "qviz.convert_pt2e (e.g. ranges(prepared), then converted = "
+            "qviz.convert_pt2e(prepared)); for a converted model use qviz.viz.graph(converted)"
+        )
     plan = plan_of(prepared)
     if plan is None:
         raise ConfigError(

@@ -37,6 +37,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.prepare import prepare_pt2e
 from qviz.engine.quantizers.override import OverrideQuantizer, normalize_overrides
 from qviz.errors import ConfigError, QvizError
@@ -87,11 +88,10 @@ class AnnotationEditor(ViewOwner):
         example_inputs: tuple[Any, ...] | None = None,
         graph: bool = True,
     ) -> None:
-        if not isinstance(exported_model, GraphModule):
-            raise ConfigError(
-                f"AnnotationEditor needs the graph module qviz.export returns, got "
-                f"{type(exported_model).__name__}"
-            )
+        check_stage(
+            exported_model, Stage.FLOAT, where="AnnotationEditor", arg="exported_model",
+            exported=True,
+        )  # fmt: skip
         self.model = exported_model
         self.base = quantizer if quantizer is not None else _default_quantizer()
         self.example_inputs = example_inputs

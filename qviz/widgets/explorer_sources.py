@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from qviz.engine.graph.capture import export
+from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.observers import HistogramObserver
 from qviz.engine.pt2e.plan import plan_of, require_plan
 from qviz.engine.pt2e.range_choice import choose_range
@@ -392,4 +393,12 @@ def source_for(model: Any, example_inputs: tuple[Any, ...] | None = None) -> Any
         isinstance(m, TensorQuantizer) for m in model.modules()
     ):
         return QuantizerSource(model, example_inputs)
+    if isinstance(model, nn.Module) and model_stage(model) is Stage.CONVERTED:
+        raise ConfigError(
+            "CalibrationExplorer: calibrated_model must be a model from qviz.prepare_pt2e after "
+            "qviz.calibrate, got a converted GraphModule (its HistogramObservers became "
+            "quantize/dequantize ops with fixed scales, so no histogram is left to explore): pass "
+            "the calibrated prepared model, before qviz.convert_pt2e (CalibrationExplorer("
+            "prepared), then qviz.convert_pt2e(prepared))"
+        )
     return PlanSource(model)

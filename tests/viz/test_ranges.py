@@ -72,3 +72,12 @@ def test_uncalibrated_and_wrong_inputs():
         ranges(_prepared(calibrate=False))
     with pytest.raises(ConfigError, match="prepare_pt2e"):
         ranges(nn.Linear(2, 2))
+
+
+def test_a_converted_model_is_refused_naming_what_to_pass():
+    """Issue 25: ``ranges(converted)`` raised AttributeError (no activation_post_process_0)."""
+    converted = qviz.convert_pt2e(_prepared())
+    with pytest.raises(
+        ConfigError, match=r"prepared.*converted GraphModule.*before qviz.convert_pt2e"
+    ):
+        ranges(converted)

@@ -154,3 +154,13 @@ def test_a_click_on_a_drawn_edge_selects_the_plan_edge(editor):
     editor.view.graph.selected = refs["obs/relu->add"]
     assert (editor.selection, editor.error) == ("relu -> add", None)
     assert editor.describe()["name"] == "relu -> add"
+
+
+def test_a_prepared_or_converted_model_is_refused_naming_the_float_one(editor, gm):
+    """Issue 25: a converted model blamed the quantizer's input_qspec_map keys."""
+    from qviz.errors import ConfigError
+
+    converted = qviz.convert_pt2e(qviz.calibrate(editor.prepare(), [torch.randn(4, 1, 8, 8)]))
+    for model, stage in ((converted, "converted"), (editor.prepare(), "prepared")):
+        with pytest.raises(ConfigError, match=rf"exported_model.*{stage}.*qviz.export returned"):
+            AnnotationEditor(model, graph=False)

@@ -154,3 +154,12 @@ def test_module_clicks_fold_the_graph(explorer):
     assert "module/block" in explorer.view.graph.svg
     explorer.view.graph.module_click = {"path": "block", "n": 2}
     assert "module/block" not in explorer.view.graph.svg
+
+
+def test_a_converted_model_is_refused_naming_what_to_pass(calibrated_digits):
+    """Issue 25: it said only "no HistogramObserver"."""
+    from qviz.errors import ConfigError
+
+    converted = qviz.convert_pt2e(calibrated_digits())
+    with pytest.raises(ConfigError, match=r"calibrated_model.*converted.*before qviz.convert_pt2e"):
+        CalibrationExplorer(converted, graph=False)
