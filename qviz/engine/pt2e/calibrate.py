@@ -22,8 +22,31 @@ from torch import nn
 
 from qviz.engine import distributed
 from qviz.engine.graph.inputs import batches_of, bind_batch, call_model
-from qviz.engine.graph.stage import Stage, check_stage
+from qviz.engine.graph.stage import Stage, check_stage, model_stage
+from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError
+
+
+def _check_observed(model: Any) -> None:
+    """Refuse a model prepare_pt2e returned without a single observer, saying why: its
+    quantizer annotated nothing (the plan lists each op left in float and the reason)."""
+    plan = plan_of(model) if isinstance(model, nn.Module) else None
+    if plan is None or plan.groups or model_stage(model) is not Stage.FLOAT:
+        return
+    shown = [
+        f"{f.node} ({f.op}): {getattr(f.reason, 'value', f.reason)}"
+        + (f" ({f.detail})" if f.detail else "")
+        for f in plan.float_nodes[:6]
+    ]
+    more = f" and {len(plan.float_nodes) - 6} more" if len(plan.float_nodes) > 6 else ""
+    why = "; ".join(shown) + more if shown else "no quantizable op"
+    raise ConfigError(
+        f"calibrate: model was prepared, but its quantizer annotated nothing, so "
+        f"qviz.prepare_pt2e inserted no observer and there is nothing to calibrate. Why each op "
+        f"stayed in float (prepared.plan.float_nodes): {why}. Fix the quantizer: its annotate() "
+        f"must set node.meta['quantization_annotation'] on the ops to quantize (check its "
+        f"set_global / set_module_name / set_object_type configuration), then prepare again"
+    )
 
 
 def _run(model: nn.Module, batch: Any, index: int) -> None:
@@ -124,6 +147,7 @@ def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progr
     from tqdm.auto import tqdm
 
     check_max_batches(max_batches)
+    _check_observed(model)
     check_stage(model, Stage.PREPARED, where="calibrate")
     batches = batches_of(data, "calibrate")
     total = batch_total(batches, max_batches)
