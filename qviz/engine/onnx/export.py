@@ -490,8 +490,9 @@ def export_onnx(
         ConfigError: a bad opset, a model that is not an nn.Module, a report that is not
             the numeric report of this converted model, a path no file can be written to (a
             folder, under a file, unwritable), example inputs of another batch size or dtype
-            than the converted graph was exported for, ``dynamic_batch=True`` for a graph
-            exported with a fixed batch, or a dynamic batch with an example batch below 2.
+            than the converted graph was exported for (or that an eager model cannot run),
+            ``dynamic_batch=True`` for a graph exported with a fixed batch or for enabled
+            TensorQuantizers, or a dynamic batch with an example batch below 2.
         MissingDependencyError: onnx or onnxscript is not installed.
 
     Example:
@@ -516,6 +517,12 @@ def export_onnx(
     values = _report_values(report, model, ready, source)
     options: dict[str, Any] = {}
     if dynamic_batch:
+        if source == "tensor_quantizer" and ranges:
+            raise ConfigError(
+                f"export_onnx(dynamic_batch=True): torch cannot trace the fake-quantize ops of "
+                f"{len(ranges)} enabled TensorQuantizer(s) with a dynamic batch; export with "
+                f"dynamic_batch=False (the file then takes the example's batch)"
+            )
         options["dynamic_shapes"] = dynamic_batch_shapes(example_inputs)
     _check_example(ready, source, example_inputs, dynamic_batch)
     if any(r.onnx_type in ("int16", "uint16") for r in ranges):  # only fake_quantize ops use it

@@ -145,3 +145,20 @@ def test_a_tensor_quantizer_model_names_example_inputs_it_cannot_run(x, match, t
         export_onnx(model, (x,), tmp_path / "m.onnx")
     assert "export-friendly" not in str(info.value)
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_dynamic_batch_for_tensor_quantizers_is_refused_before_exporting(tmp_path):
+    """torch cannot trace TensorQuantizers' fake-quantize ops with a dynamic batch: said before
+    the export runs, with the fix."""
+    from qviz.engine.tensor.tensor_quant import QuantDescriptor, TensorQuantizer
+
+    model = nn.Sequential(TensorQuantizer(QuantDescriptor(num_bits=8, amax=1.0)))
+    start = time.perf_counter()
+    with pytest.raises(
+        ConfigError, match=r"dynamic_batch=True.*TensorQuantizer.*dynamic_batch=False"
+    ):
+        export_onnx(model, (torch.randn(8, 4),), tmp_path / "m.onnx", dynamic_batch=True)
+    assert time.perf_counter() - start < 0.5
+    model[0].disable()  # no fake-quantize op left: any batch, as asked
+    result = export_onnx(model, (torch.randn(8, 4),), tmp_path / "m.onnx", dynamic_batch=True)
+    assert _outputs(result.path, torch.randn(3, 4)).shape == (3, 4)
