@@ -167,7 +167,7 @@ def test_a_numeric_report_of_another_model_is_refused(tmp_path):
 
     models = two_models()
     large = models.large
-    with pytest.raises(ConfigError, match=r"report\(ns=...\).*another model.*\(1 operators\).*"
+    with pytest.raises(ConfigError, match=r"report\(ns=...\).*another model.*\(1 operator\).*"
                        r"\(2 operators\).*qviz.numeric.compare on this model"):  # fmt: skip
         report(large.quantized, tmp_path / "r.html", ns=models.small.report)
     assert not (tmp_path / "r.html").exists()

@@ -211,7 +211,7 @@ def test_the_report_of_another_model_is_refused():
 
     models = two_models()
     large = models.large
-    with pytest.raises(ConfigError, match=r"NumericDashboard.*another model.*\(1 operators\).*"
+    with pytest.raises(ConfigError, match=r"NumericDashboard.*another model.*\(1 operator\).*"
                        r"\(2 operators\).*qviz.numeric.compare on this model"):  # fmt: skip
         NumericDashboard(models.small.report, quantized_model=large.quantized)
     dash = NumericDashboard(

@@ -56,7 +56,8 @@ class Fingerprint:
     operators: int
 
     def __str__(self) -> str:
-        return f"model {self.digest} ({self.operators} operators)"
+        plural = "" if self.operators == 1 else "s"
+        return f"model {self.digest} ({self.operators} operator{plural})"
 
 
 def digest(parts: Iterable[str]) -> str:

@@ -41,7 +41,7 @@ def test_a_report_knows_the_models_it_measured():
 def test_a_report_of_another_model_is_refused_naming_both():
     models = two_models()
     with pytest.raises(ConfigError, match=r"test: the report measured another model \(model "
-                       r"\w{16} \(1 operators\)\) than this one \(model \w{16} \(2 operators\)\)"
+                       r"\w{16} \(1 operator\)\) than this one \(model \w{16} \(2 operators\)\)"
                        r".*run qviz.numeric.compare on this model"):  # fmt: skip
         check_fingerprint(models.small.report, models.large.quantized, "test")
 

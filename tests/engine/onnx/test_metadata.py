@@ -139,7 +139,7 @@ def test_refuses_the_report_of_another_model_whose_names_coincide(tmp_path):
 
     models = two_models()
     large = models.large
-    with pytest.raises(ConfigError, match=r"export_onnx\(report=...\).*\(1 operators\).*"
+    with pytest.raises(ConfigError, match=r"export_onnx\(report=...\).*\(1 operator\).*"
                        r"\(2 operators\).*qviz.numeric.compare on this model"):  # fmt: skip
         qviz.export_onnx(
             large.quantized, (large.x,), tmp_path / "o.onnx", report=models.small.report
