@@ -131,6 +131,17 @@ def check_fingerprint(record: Any, model: Any, where: str, *, what: str = "the r
 
     Raises:
         ConfigError: naming both models' fingerprints and the fix.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> record = SimpleNamespace(fingerprint=fingerprint(torch.nn.ReLU()))
+        >>> check_fingerprint(record, torch.nn.ReLU(), "here")   # the same model: accepted
+        >>> check_fingerprint(record, torch.nn.Linear(2, 2), "here")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: here: the report measured another model (model ... (1 operator)) \
+than this one (model ... (1 operator)); run qviz.numeric.compare on this model ...
     """
     measured = getattr(record, "fingerprint", None)
     if not isinstance(measured, Fingerprint):

@@ -51,3 +51,18 @@ def test_a_table_without_a_fingerprint_is_left_to_the_callers_checks():
     assert isinstance(fingerprint(torch.nn.Linear(2, 2)), Fingerprint)
     with pytest.raises(ConfigError, match="needs a model"):
         fingerprint(3)
+
+
+def test_a_quant_nn_report_knows_its_eager_models():
+    import qviz
+    import qviz.numeric
+    from qviz.engine.tensor.quant_modules import quantize_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    data = [torch.randn(8, 4)]
+    quantized = quantize_model(model)
+    qviz.calibrate_quantizers(quantized, data, progress=False)
+    report = qviz.numeric.compare(model, quantized, data, progress=False)
+    assert report.fingerprint == fingerprint(copy.deepcopy(quantized))
+    assert report.float_fingerprint == fingerprint(model) != report.fingerprint
