@@ -16,6 +16,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.graph.debug_handles import assign_handles
+from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.errors import ConfigError, QvizError
 
 
@@ -101,10 +102,18 @@ def export(
         )
     except Exception as exc:  # torch.export raises many types; report them all the same way
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if dynamic_batch and "Constraints violated (batch)" in first:
+            raise ConfigError(
+                f"qviz.export(dynamic_batch=True): {type(model).__name__}'s code fixes the batch "
+                f"size (e.g. x.reshape({example_inputs[0].shape[0]}, -1)); write it from the "
+                f"input (x.shape[0], or -1), or export without dynamic_batch ({first})"
+            ) from exc
         raise QvizError(
             f"torch.export could not capture {type(model).__name__}: "
             f"{type(exc).__name__}: {first}. "
             f"Make the failing code export-friendly (no data-dependent Python control flow), try "
             f"strict={not strict}, or quantize an exportable submodule"
         ) from exc
-    return assign_handles(program.module())  # the numeric suite matches operators by these
+    # the numeric suite matches operators by the handles; train() / eval() raise qviz's
+    # ExportedModeError (why, and the fix) instead of torch's bare NotImplementedError
+    return disallow_train_eval(assign_handles(program.module()))
