@@ -105,8 +105,8 @@ def export(
         if dynamic_batch and "Constraints violated (batch)" in first:
             raise ConfigError(
                 f"qviz.export(dynamic_batch=True): {type(model).__name__}'s code fixes the batch "
-                f"size (e.g. x.reshape({example_inputs[0].shape[0]}, -1)); write it from the "
-                f"input (x.shape[0], or -1), or export without dynamic_batch ({first})"
+                f"size (e.g. x.reshape(<batch>, -1)); write it from the input (x.shape[0], or "
+                f"-1), or export without dynamic_batch ({first})"
             ) from exc
         raise QvizError(
             f"torch.export could not capture {type(model).__name__}: "

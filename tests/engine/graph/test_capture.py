@@ -15,3 +15,16 @@ def test_capture_with_a_dynamic_batch_of_one_asks_for_batch_two():
     with pytest.raises(ConfigError, match=r"torch specialises sizes 0 and 1.*batch >= 2") as info:
         qviz.export(model, (torch.randn(1, 4),), dynamic_batch=True)
     assert "export-friendly" not in str(info.value)
+
+
+class _FixedBatch(nn.Module):
+    def forward(self, x):
+        return x.reshape(4, -1) * 2  # the batch written into the code
+
+
+def test_code_that_fixes_the_batch_is_named_as_such():
+    with pytest.raises(ConfigError, match=r"fixes the batch size.*x.shape\[0\].*without "
+                       r"dynamic_batch") as info:  # fmt: skip
+        qviz.export(_FixedBatch(), (torch.randn(4, 3),), dynamic_batch=True)
+    assert "export-friendly" not in str(info.value)
+    assert qviz.export(_FixedBatch(), (torch.randn(4, 3),)) is not None  # fixed: fine
