@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -25,6 +26,31 @@ def check_metric(metric: Any) -> None:
         raise ConfigError(
             f"metric must be a function (float_out, quant_out, target), got {metric!r}"
         )
+
+
+def metric_value(metric: Any, float_out: Any, quant_out: Any, target: Any, where: str) -> Any:
+    """``metric(float_out, quant_out, target)`` as a float (None when there is no metric).
+
+    Raises:
+        ConfigError: the metric returned something that is not a number or a one-element
+            tensor, naming ``where`` (e.g. ``"compare: batch 3"``) and what it returned.
+
+    Example:
+        >>> metric_value(lambda f, q, t: torch.tensor(0.5), 1, 1, None, "batch 0")
+        0.5
+    """
+    if metric is None:
+        return None
+    value = metric(float_out, quant_out, target)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach())
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(
+        f"{where}: the metric returned {type(value).__name__} {value!r:.60}; metric(float_out, "
+        f"quant_out, target) must return a number (a float or a one-element tensor) per batch, "
+        f"e.g. (quant_out.argmax(1) == target).float().mean().item()"
+    )
 
 
 def batch_size(inputs: tuple[Any, ...]) -> int:

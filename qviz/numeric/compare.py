@@ -64,7 +64,7 @@ from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
-from qviz.numeric.batches import batch_size, check_metric
+from qviz.numeric.batches import batch_size, check_metric, metric_value
 from qviz.numeric.compare_modules import compare_modules
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
@@ -502,7 +502,7 @@ def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
             quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*bound.args)
             del float_run
             out = single(float_out), single(quant_out)
-            value = None if metric is None else metric(*out, bound.target)
+            value = metric_value(metric, *out, bound.target, f"compare: batch {index}")
             totals.add(float_out, quant_out, batch_size(bound.args), value)
     stats = [(r.cumulative, r.local, r.grid) for r in rows]
     return _Measured(stats, totals, tuple(r.node.name for r in rows))

@@ -53,7 +53,7 @@ from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError
-from qviz.numeric.batches import batch_size, check_metric, flat_tensors
+from qviz.numeric.batches import batch_size, check_metric, flat_tensors, metric_value
 from qviz.numeric.report import NumericReport
 from qviz.numeric.streaming import GridStats, PairStats
 from qviz.numeric.totals import OutputTotals, single
@@ -423,9 +423,7 @@ def _run(
         hooks.calls.clear()
         with batch_errors(where), hooks.installed("quant"):
             quant_out = quantized_model(*bound.args, **bound.kwargs)
-        value = (
-            None if metric is None else metric(single(float_out), single(quant_out), bound.target)
-        )
+        value = metric_value(metric, single(float_out), single(quant_out), bound.target, where)
         size = batch_size((*bound.args, *bound.kwargs.values()))
         totals.add(float_out, quant_out, size, value)
     if totals.count == 0 and not empty_ok:

@@ -39,7 +39,7 @@ from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
-from qviz.numeric.batches import batch_size
+from qviz.numeric.batches import batch_size, metric_value
 from qviz.numeric.progress import progress_bar
 from qviz.numeric.totals import OutputTotals
 
@@ -109,7 +109,7 @@ class _Evaluator:
         with torch.no_grad():
             for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
                 out = ref if model is None else call_model(model, bound, name)
-                value = None if self.metric is None else self.metric(ref, out, bound.target)
+                value = metric_value(self.metric, ref, out, bound.target, name)
                 totals.add(ref, out, batch_size(bound.args), value)
         return totals
 

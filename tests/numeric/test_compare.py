@@ -296,3 +296,19 @@ def test_a_model_quantized_only_inside_a_loop_says_compare_reads_the_top_level()
     qviz.calibrate(prepared, batches, progress=False)
     with pytest.raises(ConfigError, match="inside loop bodies"):
         compare(gm, qviz.convert_pt2e(prepared), batches, progress=False)
+
+
+@pytest.mark.parametrize("returned", ["abc", None, [0.5, 0.5], torch.ones(2)])
+def test_a_metric_that_returns_no_number_is_named(returned):
+    """Issue 25: a metric returning a string raised ValueError from float() deep in the sums."""
+    x = torch.randn(4, 4)
+    gm = qviz.export(nn.Sequential(nn.Linear(4, 4)).eval(), (x,))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )
+    qviz.calibrate(prepared, [x], progress=False)
+    quantized = qviz.convert_pt2e(prepared)
+    with pytest.raises(ConfigError, match=r"batch 0: the metric returned .*must return a number"):
+        compare(gm, quantized, [x], metric=lambda f, q, t: returned, progress=False)
+    report = compare(gm, quantized, [x], metric=lambda f, q, t: torch.tensor(0.5), progress=False)
+    assert report.metric == 0.5
