@@ -88,7 +88,12 @@ def is_tracing(x: torch.Tensor) -> bool:
         >>> is_tracing(torch.ones(2))
         False
     """
-    return isinstance(x, FakeTensor) or torch.compiler.is_compiling() or torch.jit.is_tracing()
+    return (
+        isinstance(x, FakeTensor)
+        or torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or torch.jit.is_tracing()
+    )
 
 
 def copy_tensors_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
@@ -100,3 +105,38 @@ def copy_tensors_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
         [tensor([1., 1.]), tensor([2.])]
     """
     torch._foreach_copy_(dst, src)
+
+
+def remove_hooks_of(module: torch.nn.Module, owner: type) -> None:
+    """Remove the forward hooks and pre-hooks of ``module`` that are methods of an ``owner``
+    instance (a copy has no handles to remove them by).
+
+    Example:
+        >>> class Counter:
+        ...     def hook(self, module, args): pass
+        >>> m = torch.nn.Linear(1, 1); _ = m.register_forward_pre_hook(Counter().hook)
+        >>> remove_hooks_of(m, Counter); len(m._forward_pre_hooks)
+        0
+    """
+    for hooks in (module._forward_pre_hooks, module._forward_hooks):
+        for key, hook in list(hooks.items()):
+            if isinstance(getattr(hook, "__self__", None), owner):
+                del hooks[key]
+                module._forward_hooks_always_called.pop(key, None)
+
+
+def on_deepcopy(gm: torch.fx.GraphModule, hook: Any, *, add: bool = True) -> None:
+    """Call ``hook(copy)`` on every deep copy of ``gm`` (GraphModule's deepcopy drops forward
+    hooks; its private deepcopy hooks re-register them); ``add=False`` removes ``hook``.
+
+    Example:
+        >>> import copy
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> on_deepcopy(gm, lambda c: setattr(c, "tag", 1)); copy.deepcopy(gm).tag
+        1
+    """
+    hooks = gm.__dict__.setdefault("_deepcopy_hooks", [])
+    if add:
+        hooks.append(hook)
+    else:
+        hooks[:] = [h for h in hooks if h != hook]

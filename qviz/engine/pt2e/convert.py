@@ -49,6 +49,7 @@ from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES, OBSERVER_KEY, 
 from qviz.engine.pt2e.passes.port_metadata import port_metadata
 from qviz.engine.pt2e.passes.qat_conv_bn import QAT_BN_OPS, fold_qat_conv_bn
 from qviz.engine.pt2e.plan import QParams, QuantPlan, plan_of, set_plan
+from qviz.engine.pt2e.qat_undo import ForwardUndo
 from qviz.errors import CalibrationError, ConfigError
 
 
@@ -196,6 +197,7 @@ def convert_pt2e(
     _check_arguments(model, fold_quantize, use_reference_representation)
     # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
     gm = rebind_annotations(copy.deepcopy(model))
+    ForwardUndo.detach(gm)  # QAT's restore-on-error: a converted model changes no state
     _check_batch_norm(gm)
     renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
     plan = plan_of(gm)

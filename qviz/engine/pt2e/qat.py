@@ -45,6 +45,7 @@ from qviz.engine.pt2e.annotations import collect_specs
 from qviz.engine.pt2e.passes.qat_conv_bn import fuse_conv_bn_for_qat
 from qviz.engine.pt2e.plan import require_plan, set_plan
 from qviz.engine.pt2e.prepare import check_inputs, observe_annotated
+from qviz.engine.pt2e.qat_undo import ForwardUndo
 
 
 def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
@@ -58,6 +59,9 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
 
     Returns:
         A prepared copy of ``model`` with ``.plan``: train it, then :func:`qviz.convert_pt2e`.
+        A fake-quantize module that observes a NaN or Inf raises a CalibrationError naming
+        it and the tensor it observes, and a forward that raises puts every buffer back
+        (fake-quantize state, BatchNorm statistics: :mod:`qviz.engine.pt2e.qat_undo`).
 
     Raises:
         ConfigError: ``model`` is not a float graph module, the quantizer cannot annotate, or a
@@ -90,4 +94,5 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
         replace_submodule(gm, path, prepare_qat_pt2e(gm.get_submodule(path), quantizer))
     plan = dataclasses.replace(require_plan(gm), loop_bodies=tuple(paths))
     set_plan(gm, plan)
+    ForwardUndo.attach(gm)  # a forward that raises leaves every buffer as it was
     return disallow_train_eval(gm)

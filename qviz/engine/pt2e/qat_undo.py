@@ -1,0 +1,94 @@
+"""Nothing lost when a QAT forward fails (house rule 15).
+
+In a prepared QAT model a forward changes state in place: each fake-quantize module moves its
+averages, scale and zero_point, each training BatchNorm its running statistics. When a forward
+raises part-way (a fake-quantize module refuses a NaN pixel, a bad shape reaches an op), the
+modules that ran before the failing one have already moved. :class:`ForwardUndo`, registered
+on the prepared model by :func:`qviz.prepare_qat_pt2e`, copies every buffer before each forward
+(into buffers it keeps between forwards: one copy call, no device sync) and puts them back when
+the forward raises, so the model is as it was before that batch. Parameters do not change in a
+forward; the optimizer step is the caller's. convert_pt2e removes it from the converted copy.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2)).train()
+    >>> gm = qviz.export(model, (torch.randn(4, 1, 6, 6),))
+    >>> config = get_symmetric_quantization_config(is_qat=True)
+    >>> prepared = qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    >>> _ = prepared(torch.randn(4, 1, 6, 6))
+    >>> before = {k: v.clone() for k, v in prepared.state_dict().items()}
+    >>> prepared(torch.full((4, 1, 6, 6), float("nan")))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    qviz.errors.CalibrationError: activation_post_process_0 (observing input_1 -> conv2d) got...
+    >>> all(torch.equal(v, before[k]) for k, v in prepared.state_dict().items())
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+
+from qviz.engine.compat import copy_tensors_, is_tracing, on_deepcopy, remove_hooks_of
+
+
+class ForwardUndo:
+    """The buffers of a module as they were before its current forward, put back if it raises.
+
+    Register with :meth:`attach`; a deep copy of the module gets a fresh one (the copies are
+    made again at its first forward); a pickled or ``torch.save``-d one has none.
+    """
+
+    def __init__(self) -> None:
+        self._saved: list[torch.Tensor] = []
+        self._live: list[torch.Tensor] = []
+
+    @classmethod
+    def attach(cls, module: nn.Module) -> None:
+        """Register the pre-forward copy and the restore-on-error hook on ``module``."""
+        undo = cls()
+        module.register_forward_pre_hook(undo.before)
+        module.register_forward_hook(undo.after, always_call=True)
+        if isinstance(module, GraphModule) and cls.attach not in module._deepcopy_hooks:
+            on_deepcopy(module, ForwardUndo.attach)  # its deepcopy drops forward hooks
+
+    @staticmethod
+    def detach(module: nn.Module) -> None:
+        """Remove the hooks :meth:`attach` registered (a converted model changes no state)."""
+        remove_hooks_of(module, ForwardUndo)
+        if isinstance(module, GraphModule):
+            on_deepcopy(module, ForwardUndo.attach, add=False)
+
+    def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """Copy every buffer (fake-quantize state, BatchNorm statistics) before the forward."""
+        self._live = []
+        if any(isinstance(a, torch.Tensor) and is_tracing(a) for a in args):
+            return  # traced: nothing runs, nothing to put back
+        live = list(module.buffers())
+        if len(live) != len(self._saved) or any(
+            s.shape != t.shape or s.device != t.device or s.dtype != t.dtype
+            for s, t in zip(self._saved, live, strict=True)
+        ):
+            self._saved = [t.detach().clone() for t in live]  # first forward, or a shape change
+        else:
+            copy_tensors_(self._saved, live)
+        self._live = live
+
+    def after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """On an error in the forward (``output`` is None then), put every buffer back."""
+        if output is None and self._live:
+            with torch.no_grad():
+                for live, saved in zip(self._live, self._saved, strict=True):
+                    live.resize_(saved.shape).copy_(saved)
+        self._live = []
+
+    def __deepcopy__(self, memo: dict) -> ForwardUndo:
+        return ForwardUndo()
+
+    def __reduce__(self) -> tuple:
+        return (ForwardUndo, ())
