@@ -4,8 +4,10 @@ The drawing is :func:`qviz.viz.graph`'s SVG, rendered by Graphviz in Python; the
 JavaScript (``static/graph_widget.js``, shipped inside qviz, no CDN and no build step) only
 places it, pans and zooms it, and reports clicks back through synced traits:
 
-* ``selected``: the name of the node last clicked, ``"producer -> consumer"`` for an edge, or
-  the first plan tensor an observer marker stands for (``"conv2d"``, ``"conv2d -> cat"``);
+* ``selected``: the name of the node last clicked, ``"producer -> consumer"`` for an edge (an
+  arrow into or out of an observer marker names the graph's edge it draws, see
+  :func:`edge_refs`), or the first plan tensor an observer marker stands for (``"conv2d"``,
+  ``"conv2d -> cat"``);
 * ``module_click``: ``{"path": "layer1", "n": 3}`` for a click on a collapsed module box or on
   a module cluster's label or border; ``n`` counts clicks, so the same module twice fires twice;
 * ``search``: the text of the search box; matching nodes are outlined and the first centred.

@@ -47,7 +47,15 @@ def test_traits_start_empty_and_are_synced() -> None:
     assert (w.svg, w.selected, w.search) == ("", "", "")
     assert w.module_click == {"path": "", "n": 0}
     synced = set(w.keys)
-    assert {"svg", "selected", "module_click", "search", "height", "_marker_refs"} <= synced
+    assert {
+        "svg",
+        "selected",
+        "module_click",
+        "search",
+        "height",
+        "_marker_refs",
+        "_edge_refs",
+    } <= synced
 
 
 def test_module_click_fires_for_the_same_module_twice() -> None:
