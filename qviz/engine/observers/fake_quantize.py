@@ -310,6 +310,40 @@ class FixedQParamsFakeQuantize(FakeQuantize):
         return self.scale, self.zero_point
 
 
+class PendingChecks:
+    """The fused fake-quantize modules' checks during one forward of the model that owns them
+    (:class:`qviz.engine.pt2e.qat_undo.ForwardUndo`), read in one device sync at its end:
+    ``(module, shape, dtype, numel, scale sum)`` each. Inactive outside that forward (and in a
+    deep copy, until its model links it again), when each module checks itself.
+
+    Example:
+        >>> fq = FusedMovingAvgObsFakeQuantize()
+        >>> fq._qviz_pending = pending = PendingChecks(); pending.active = True
+        >>> _ = fq(torch.tensor([float("nan"), 1.0])); pending.bad().split(" got ")[1]
+        'NaN or Inf values in a torch.float32 tensor of shape (2,)'
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self.items: list[tuple] = []
+
+    def bad(self) -> str | None:
+        """None when every scale is finite (one sync), else what the first bad module got."""
+        if not self.items or math.isfinite(torch.stack([i[-1] for i in self.items]).sum().item()):
+            return None
+        module, shape, dtype, _, _ = next(i for i in self.items if not math.isfinite(i[-1]))
+        return f"{module._label()} got NaN or Inf values in a {dtype} tensor of shape {shape}"
+
+    def count(self) -> None:
+        """The batches and elements each module observed (the fused op does not count them)."""
+        for module, _, _, numel, _ in self.items:
+            module.activation_post_process.num_batches += 1
+            module.activation_post_process.num_elements += numel
+
+    def __deepcopy__(self, memo: dict) -> PendingChecks:
+        return PendingChecks()
+
+
 def _put_back(live: tuple[torch.Tensor, ...], saved: list[torch.Tensor]) -> None:
     """Copy ``saved`` back into the ``live`` buffers, in place (their shapes included)."""
     for tensor, old in zip(live, saved, strict=True):
@@ -362,6 +396,9 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
         post = self.activation_post_process
         if not self._observing or is_tracing(X):
             return self._fused(X)
+        pending = self.__dict__.get("_qviz_pending")
+        if pending is not None and pending.active:  # the model checks them all at its end
+            return self._fused_pending(X, pending)
         state = (post.min_val, post.max_val, self.scale, self.zero_point)
         saved = self._save(state)
         try:
@@ -376,6 +413,18 @@ class FusedMovingAvgObsFakeQuantize(FakeQuantize):
             raise self._non_finite_error(X.detach())
         post.num_batches += 1  # the counts the fused op skips (a merge across processes uses them)
         post.num_elements += X.numel()
+        return out
+
+    def _fused_pending(self, X: torch.Tensor, pending: PendingChecks) -> torch.Tensor:
+        """The fused op, its scale's finiteness left on the device for ``pending`` (the owning
+        model's forward reads all of them in one sync and puts every buffer back)."""
+        try:
+            out = self._fused(X)
+        except RuntimeError as exc:
+            if bool(torch.isfinite(X).all()):
+                raise
+            raise self._non_finite_error(X.detach()) from exc
+        pending.items.append((self, tuple(X.shape), X.dtype, X.numel(), self.scale.sum()))
         return out
 
     def _save(self, state: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:

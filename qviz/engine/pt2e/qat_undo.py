@@ -41,6 +41,8 @@ from qviz.engine.compat import (
     on_deepcopy,
     remove_hooks_of,
 )
+from qviz.engine.observers.fake_quantize import FusedMovingAvgObsFakeQuantize, PendingChecks
+from qviz.errors import CalibrationError
 
 
 class ForwardUndo:
@@ -54,6 +56,8 @@ class ForwardUndo:
         self._saved: list[torch.Tensor] = []
         self._shapes: list[torch.Size] = []
         self._live: list[torch.Tensor] = []
+        self._pending = PendingChecks()
+        self._linked = False
 
     @classmethod
     def attach(cls, module: nn.Module) -> None:
@@ -84,14 +88,39 @@ class ForwardUndo:
         else:  # copy_ takes another device or dtype (after .to()) as it is
             copy_tensors_(self._saved, live)
         self._live = live
+        if not self._linked:  # first forward, or of a deep copy: its fake quantizers report here
+            for child in module.children():
+                if isinstance(child, FusedMovingAvgObsFakeQuantize):
+                    child.__dict__["_qviz_pending"] = self._pending
+            self._linked = True
+        self._pending.items.clear()
+        self._pending.active = True
 
     def after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        """On an error in the forward (``output`` is None then), put every buffer back."""
-        if output is None and self._live:
+        """On an error in the forward (``output`` is None then) or a NaN/Inf scale of a fused
+        fake quantizer (read here, in one device sync), put every buffer back."""
+        pending, self._pending.active = self._pending, False
+        try:
+            if output is None:
+                self._put_back()
+                return
+            bad = pending.bad()
+            if bad is not None:
+                self._put_back()
+                raise CalibrationError(
+                    f"{bad}; the model's statistics and qparams are left as they were before "
+                    f"this batch: fix the data or the model that produce them (or clamp them)"
+                )
+            pending.count()
+        finally:
+            pending.items.clear()
+            self._live = []
+
+    def _put_back(self) -> None:
+        if self._live:
             with torch.no_grad():
                 for live, saved in zip(self._live, self._saved, strict=True):
                     live.resize_(saved.shape).copy_(saved)
-        self._live = []
 
     def __deepcopy__(self, memo: dict) -> ForwardUndo:
         return ForwardUndo()
