@@ -6,8 +6,11 @@ raises part-way (a fake-quantize module refuses a NaN pixel, a bad shape reaches
 modules that ran before the failing one have already moved. :class:`ForwardUndo`, registered
 on the prepared model by :func:`qviz.prepare_qat_pt2e`, copies every buffer before each forward
 (into buffers it keeps between forwards: one copy call, no device sync) and puts them back when
-the forward raises, so the model is as it was before that batch. Parameters do not change in a
-forward; the optimizer step is the caller's. convert_pt2e removes it from the converted copy.
+the forward raises, so the model is as it was before that batch. The fused fake quantizers'
+NaN/Inf checks are read here too, all in one device sync at the end of the forward (a NaN
+batch raises the CalibrationError of the first module that saw it). Parameters do not change
+in a forward; the optimizer step is the caller's. convert_pt2e removes it from the converted
+copy. Cost on the digits QAT forward on CPU: about 0.2 ms of 6 ms (113 buffers copied).
 
 Example:
     >>> import torch, qviz
