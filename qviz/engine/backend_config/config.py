@@ -23,10 +23,16 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+# torch.ao's shipped configs (get_native_backend_config, get_fbgemm_backend_config, ...) call
+# this module by attribute without importing it: loaded here, they work once qviz's
+# backend_config is imported, in whatever order the user imports torch.ao's functions.
+import torch.ao.quantization.backend_config.utils
 from torch import nn
 from torch.nn import functional as F
 
@@ -42,6 +48,10 @@ Pattern = PatternElement | tuple[PatternElement, ...]
 def _element_name(element: PatternElement) -> str:
     if isinstance(element, str):
         return f'"{element}"'
+    if isinstance(element, tuple):  # a nested (reversed-format) pattern, named as written
+        return pattern_name(element)
+    if isinstance(element, nn.Module):
+        return f"{type(element).__name__}()"
     return getattr(element, "__name__", None) or str(element)
 
 
@@ -57,27 +67,52 @@ def pattern_name(pattern: Pattern) -> str:
     return _element_name(pattern)
 
 
-def _check_element(element: Any, where: str) -> None:
+def _class_path(cls: type) -> str:
+    """``torch.nn.Conv2d`` for torch.nn's classes, the full path otherwise."""
+    if getattr(nn, cls.__name__, None) is cls:
+        return f"torch.nn.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: What a pattern element or a QConfigMapping object type is, for the messages.
+_ELEMENT_KINDS = (
+    "a module class (torch.nn.Conv2d), a function (torch.nn.functional.linear, torch.add) or a "
+    "Tensor method name ('relu')"
+)
+
+
+def check_element(element: Any, where: str) -> None:
+    """Raise a ConfigError, naming ``where`` and the fix, unless ``element`` is a pattern
+    element / object type: a ``torch.nn.Module`` class, a function, or a Tensor method name."""
+    if isinstance(element, nn.Module):
+        cls = type(element)
+        raise ConfigError(
+            f"{where}: {cls.__name__}(...) is a module instance; give its class, "
+            f"{_class_path(cls)} (the setting applies to every module of that class)"
+        )
     if isinstance(element, type):
         if not issubclass(element, nn.Module):
             raise ConfigError(
-                f"{where}: {element.__qualname__} is a class but not a torch.nn.Module; a pattern "
-                f"names module classes (nn.Conv2d), functions (F.linear, torch.add) or Tensor "
-                f"method names ('view')"
+                f"{where}: {element.__qualname__} is a class but not a torch.nn.Module; give "
+                f"{_ELEMENT_KINDS}"
             )
         return
     if isinstance(element, str):
         names = (element, element.rstrip("_"))  # in-place variants: "relu_", "hardsigmoid_"
         if not any(hasattr(owner, n) for owner in (torch.Tensor, torch, F) for n in names):
+            module = getattr(nn, element, None)
+            fix = (
+                f"the module type goes in as its class: torch.nn.{element}, not {element!r}"
+                if isinstance(module, type) and issubclass(module, nn.Module)
+                else f"a module type goes in as its class (e.g. torch.nn.Conv2d, not 'Conv2d'); "
+                f"give {_ELEMENT_KINDS}"
+            )
             raise ConfigError(
-                f"{where}: {element!r} is not a torch.Tensor method or torch function; a module "
-                f"type goes in as its class (e.g. torch.nn.Conv2d, not 'Conv2d')"
+                f"{where}: {element!r} is not a torch.Tensor method or torch function; {fix}"
             )
         return
     if not callable(element):
-        raise ConfigError(
-            f"{where}: {element!r} is not a module class, function or Tensor method name"
-        )
+        raise ConfigError(f"{where}: {element!r} is not {_ELEMENT_KINDS}")
 
 
 def _check_pattern(pattern: Any) -> Pattern:
@@ -85,12 +120,27 @@ def _check_pattern(pattern: Any) -> Pattern:
     if isinstance(pattern, list):
         pattern = tuple(pattern)
     if isinstance(pattern, tuple):
+        if any(isinstance(e, tuple | list) for e in pattern):
+            forward = _from_complex(pattern)
+            hint = (
+                f"write it forward: {pattern_name(forward)}"
+                if isinstance(forward, tuple)
+                else "write the chain forward, as a flat tuple (e.g. (nn.Conv2d, nn.ReLU))"
+            )
+            raise ConfigError(
+                f"{where}: a nested tuple is torch.ao's reversed nested pattern format (the last "
+                f"op first); a pattern here, as in torch.ao's set_pattern (which would accept "
+                f"this one and never match it), lists the ops in forward order: {hint}"
+            )
         if len(pattern) < 2:
-            raise ConfigError(f"{where}: a fused pattern needs two or more elements")
+            raise ConfigError(
+                f"{where}: a fused pattern needs two or more elements; for one op give the "
+                f"element itself (BackendPatternConfig(nn.Conv2d)), not a 1-tuple"
+            )
         for element in pattern:
-            _check_element(element, where)
+            check_element(element, where)
         return pattern
-    _check_element(pattern, where)
+    check_element(pattern, where)
     return pattern
 
 
@@ -98,13 +148,65 @@ def _from_complex(pattern: Any) -> Pattern | None:
     """torch.ao's reversed nested format ``(relu, (bn, conv))`` as a forward tuple, when it is
     a plain chain; None for shapes qviz does not match (trees with MatchAllNode, ...)."""
     chain: list[Any] = []
-    while isinstance(pattern, tuple) and len(pattern) == 2:
+    while isinstance(pattern, tuple | list) and len(pattern) == 2:
         chain.append(pattern[0])
         pattern = pattern[1]
-    if isinstance(pattern, tuple) or "MatchAllNode" in getattr(pattern, "__name__", ""):
+    if isinstance(pattern, tuple | list) or "MatchAllNode" in getattr(pattern, "__name__", ""):
+        return None
+    if any(isinstance(e, tuple | list) for e in chain):
         return None
     chain.append(pattern)
     return tuple(reversed(chain)) if len(chain) > 1 else chain[0]
+
+
+def _stand_in(element: Any) -> Any:
+    """What FX's fusion hands a fuser method for ``element``: a module of that class (built
+    with the fewest arguments its constructor takes, in eval mode), ``nn.ReLU()`` for
+    ``F.relu``, the function itself otherwise."""
+    if element is F.relu:
+        return nn.ReLU().eval()
+    if not isinstance(element, type):
+        return element
+    for args in ((), (1,), (1, 1), (1, 1, 1)):
+        try:
+            return element(*args).eval()
+        except Exception:  # the next argument count may build it
+            continue
+    raise TypeError(f"cannot build a {element.__name__} to fuse")
+
+
+def fused_form(config: BackendPatternConfig) -> tuple[type[nn.Module] | None, tuple[type, ...]]:
+    """The module class FX's fusion turns a match of ``config`` into for post-training
+    quantization (None where FX fuses nothing: no fuser method), and the classes of the modules
+    inside it when it is one of torch.ao's fused modules (FX requires one QConfig for them).
+
+    The class is what ``fuser_method(False, ...)`` builds (a conv-bn pair folds into a plain
+    conv, a conv-bn-relu into a ConvReLU2d), asked of stand-in modules; the declared fused
+    module where the fuser cannot be asked.
+
+    Example:
+        >>> import torch.ao.nn.intrinsic as nni
+        >>> c = BackendPatternConfig((nn.Conv2d, nn.ReLU)).set_fuser_method(
+        ...     lambda is_qat, conv, relu: nni.ConvReLU2d(conv, relu))
+        >>> fused, members = fused_form(c)
+        >>> fused.__name__, [m.__name__ for m in members]
+        ('ConvReLU2d', ['Conv2d', 'ReLU'])
+    """
+    if config.fuser_method is None or config.pattern is None:
+        return None, ()
+    elements = config.pattern if isinstance(config.pattern, tuple) else (config.pattern,)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fused = config.fuser_method(False, *(_stand_in(e) for e in elements))
+    except Exception:  # the user's fuser method: fall back to what the config declares
+        return config.fused_module, ()
+    if not isinstance(fused, nn.Module):
+        return config.fused_module, ()
+    from torch.ao.nn.intrinsic import _FusedModule
+
+    members = tuple(type(m) for m in fused.children()) if isinstance(fused, _FusedModule) else ()
+    return type(fused), members
 
 
 class BackendPatternConfig:
@@ -219,18 +321,24 @@ class BackendConfig:
     """
 
     def __init__(self, name: str = "") -> None:
-        self.name = name
+        self.name = _check_name(name)
         self._configs: dict[Any, BackendPatternConfig] = {}
         #: torch.ao patterns :meth:`of` could not read, by printed pattern (reported, not lost).
         self.unread: tuple[str, ...] = ()
 
     def set_name(self, name: str) -> BackendConfig:
-        self.name = name
+        self.name = _check_name(name)
         return self
 
     def set_backend_pattern_config(self, config: BackendPatternConfig) -> BackendConfig:
         """Add ``config``; a config for the same pattern replaces the earlier one."""
         if not isinstance(config, BackendPatternConfig):
+            if hasattr(config, "dtype_configs") and hasattr(config, "observation_type"):
+                raise ConfigError(
+                    f"set_backend_pattern_config({config!r}): this is torch.ao's "
+                    f"BackendPatternConfig; build the whole backend with torch.ao's classes and "
+                    f"read it with qviz's BackendConfig.of(...), or use qviz's classes throughout"
+                )
             raise ConfigError(
                 f"set_backend_pattern_config({config!r}): pass a BackendPatternConfig (or read "
                 f"torch.ao's whole BackendConfig with qviz's BackendConfig.of)"
@@ -253,18 +361,35 @@ class BackendConfig:
         """The pattern configs, in the order they were set."""
         return list(self._configs.values())
 
+    def config_for(self, pattern: Any) -> BackendPatternConfig | None:
+        """The config set for exactly ``pattern``, or None."""
+        return self._configs.get(pattern)
+
     @classmethod
-    def of(cls, backend_config: Any) -> BackendConfig:
+    def of(cls, backend_config: Any, where: str = "BackendConfig.of") -> BackendConfig:
         """qviz's BackendConfig for ``backend_config``: itself, or torch.ao's (e.g.
         ``torch.ao.quantization.backend_config.get_native_backend_config()``); patterns in a
-        shape qviz does not match are listed in ``unread``."""
+        shape qviz does not match are listed in ``unread``.
+
+        Raises:
+            ConfigError: ``backend_config`` is not a BackendConfig; the message, which starts
+                with ``where``, says what to pass instead.
+        """
         if isinstance(backend_config, cls):
             return backend_config
-        if not hasattr(backend_config, "configs"):
-            raise ConfigError(f"{backend_config!r} is not a BackendConfig")
+        if not hasattr(backend_config, "configs") or not hasattr(backend_config, "name"):
+            raise ConfigError(_not_a_backend_config(backend_config, where))
         out, unread = cls(getattr(backend_config, "name", "")), []
         for config in backend_config.configs:
-            ours = BackendPatternConfig.of(config)
+            try:
+                ours = BackendPatternConfig.of(config)
+            except ConfigError as error:  # torch.ao's classes take anything: say which config
+                pattern = getattr(config, "pattern", None) or getattr(
+                    config, "_pattern_complex_format", None
+                )
+                raise ConfigError(
+                    f"{where}: torch.ao's BackendPatternConfig for {pattern_name(pattern)}: {error}"
+                ) from None
             if ours is None:
                 unread.append(str(getattr(config, "_pattern_complex_format", config)))
             else:
@@ -274,3 +399,52 @@ class BackendConfig:
 
     def __repr__(self) -> str:
         return f"BackendConfig({self.name!r}, {len(self._configs)} patterns)"
+
+
+def brief_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, or its class and ``(...)`` where that would be longer than ``limit``."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{type(value).__name__}(...)"
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise ConfigError(f"BackendConfig(name={name!r}): the name is a string, e.g. 'my_backend'")
+    return name
+
+
+_SHIPPED = (
+    "torch.ao.quantization.backend_config: get_native_backend_config(), "
+    "get_fbgemm_backend_config(), get_qnnpack_backend_config(), get_onednn_backend_config(), "
+    "x86.get_x86_backend_config(), executorch.get_executorch_backend_config()"
+)
+
+
+def _not_a_backend_config(value: Any, where: str) -> str:
+    """What was passed instead of a BackendConfig, and what to pass."""
+    head = f"{where}: {brief_repr(value)} is not a BackendConfig"
+    if isinstance(value, str):
+        return (
+            f"{head}; a backend goes in as its BackendConfig object, not its name: for "
+            f"{value!r} one of torch.ao's shipped configs ({_SHIPPED}), or your own, built with "
+            f"BackendConfig({value!r}).set_backend_pattern_config(...)"
+        )
+    if isinstance(value, BackendPatternConfig) or hasattr(value, "dtype_configs"):
+        return (
+            f"{head} but one pattern's config; put it in one: "
+            f"BackendConfig('my_backend').set_backend_pattern_config(config)"
+        )
+    if hasattr(value, "global_qconfig") or hasattr(value, "object_type_qconfigs"):
+        return (
+            f"{head} but a QConfigMapping; BackendConfigQuantizer takes "
+            f"(backend_config, qconfig_mapping), the backend first"
+        )
+    if hasattr(value, "activation") and hasattr(value, "weight"):
+        return (
+            f"{head} but a QConfig; BackendConfigQuantizer takes (backend_config, "
+            f"qconfig_mapping): a BackendConfig first, then QConfigMapping().set_global(qconfig)"
+        )
+    return (
+        f"{head}; pass qviz's BackendConfig('name').set_backend_pattern_config(...) or one of "
+        f"torch.ao's ({_SHIPPED}), read by BackendConfig.of"
+    )

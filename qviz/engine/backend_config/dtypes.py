@@ -62,6 +62,45 @@ def _check_dtype(value: Any, where: str) -> None:
         raise ConfigError(f"{where} must be a torch.dtype or None, got {value!r}")
 
 
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_SUB_BYTE = tuple(
+    d for n in ("uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7", "int1", "int2",
+                "int3", "int4", "int5", "int6", "int7")
+    if isinstance(d := getattr(torch, n, None), torch.dtype)
+)  # fmt: skip
+#: What an activation or a weight can be quantized to (or left in, for the floats).
+TENSOR_DTYPES = (
+    torch.quint8, torch.qint8, torch.uint8, torch.int8, torch.uint16, torch.int16,
+    torch.quint4x2, torch.quint2x4, torch.float8_e5m2, torch.float8_e4m3fn, *_SUB_BYTE, *_FLOATS,
+)  # fmt: skip
+#: A bias stays float, or is a 32-bit integer on the grid input_scale * weight_scale.
+BIAS_DTYPES = (*_FLOATS, torch.int32, torch.qint32)
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_role_dtype(value: torch.dtype | None, role: str) -> None:
+    """A dtype a quantized tensor of ``role`` can have, or a ConfigError naming the choices."""
+    if value is None or value in TENSOR_DTYPES:
+        return
+    why = (
+        "a 32-bit integer is a bias / accumulator dtype (bias_dtype=torch.qint32)"
+        if value in (torch.int32, torch.qint32)
+        else "no observer quantizes to it"
+    )
+    raise ConfigError(
+        f"DTypeConfig({role}={value}): {why}; give torch.quint8 / torch.qint8 (or uint8, int8, "
+        f"int16, uint16, quint4x2, float8), a float dtype (torch.float: not quantized), or None"
+    )
+
+
+def _check_number(value: Any, field: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ConfigError(f"DTypeWithConstraints({field}={value!r}): give a number or None")
+
+
 @dataclass(frozen=True)
 class DTypeWithConstraints:
     """A dtype and the limits a user's observer must stay within for the backend to run it.
@@ -93,6 +132,21 @@ class DTypeWithConstraints:
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype, "DTypeWithConstraints(dtype=...)")
+        for field in (
+            "quant_min_lower_bound", "quant_max_upper_bound", "scale_min_lower_bound",
+            "scale_max_upper_bound", "scale_exact_match", "zero_point_exact_match",
+        ):  # fmt: skip
+            _check_number(getattr(self, field), field)
+        if (self.scale_exact_match is None) != (self.zero_point_exact_match is None):
+            raise ConfigError(
+                f"DTypeWithConstraints: scale_exact_match={self.scale_exact_match} and "
+                f"zero_point_exact_match={self.zero_point_exact_match}: fixed qparams need both "
+                f"(e.g. 1/256 and 0 for sigmoid on quint8)"
+            )
+        if self.scale_exact_match is not None and not self.scale_exact_match > 0:
+            raise ConfigError(
+                f"DTypeWithConstraints: scale_exact_match must be > 0, got {self.scale_exact_match}"
+            )
         low, high = self.quant_min_lower_bound, self.quant_max_upper_bound
         if low is not None and high is not None and low > high:
             raise ConfigError(
@@ -141,7 +195,10 @@ class DTypeConfig:
         is_dynamic: the input's qparams are computed at run time.
 
     Raises:
-        ConfigError: a dtype that is not a torch.dtype, or no dtype given at all.
+        ConfigError: a dtype that is not a torch.dtype, or none a tensor of that role can have
+            (``torch.bool``; a 32-bit integer outside ``bias_dtype``); a quantized bias without
+            a quantized weight and input, a bias dtype other than a float or a 32-bit integer;
+            ``is_dynamic`` not a bool; no dtype given at all.
 
     Example:
         >>> DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8).output_dtype
@@ -161,11 +218,42 @@ class DTypeConfig:
         self.weight_dtype_with_constraints = DTypeWithConstraints.of(weight_dtype, "weight_dtype")
         _check_dtype(bias_dtype, "DTypeConfig(bias_dtype=...)")
         self.bias_dtype = bias_dtype
+        if is_dynamic is not None and not isinstance(is_dynamic, bool):
+            raise ConfigError(
+                f"DTypeConfig(is_dynamic={is_dynamic!r}): give True (qparams computed at run "
+                f"time), False or None"
+            )
         self.is_dynamic = is_dynamic
         if input_dtype is None and output_dtype is None and weight_dtype is None:
             raise ConfigError(
                 "DTypeConfig() names no dtype: give at least input_dtype (e.g. "
                 "DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8))"
+            )
+        for role in ("input_dtype", "output_dtype", "weight_dtype"):
+            _check_role_dtype(getattr(self, role), role)
+        self._check_bias()
+
+    def _check_bias(self) -> None:
+        bias = self.bias_dtype
+        if bias is None or bias in _FLOATS:
+            return
+        if bias not in BIAS_DTYPES:
+            raise ConfigError(
+                f"DTypeConfig(bias_dtype={bias}): a bias stays float (torch.float) or is a "
+                f"32-bit integer (torch.qint32 / torch.int32) on the grid input_scale * "
+                f"weight_scale; {_name(bias)} is neither"
+            )
+        unquantized = [
+            f"{role}={_name(getattr(self, role))}"
+            for role in ("weight_dtype", "input_dtype")
+            if getattr(self, role) is None or getattr(self, role) in _FLOATS
+        ]
+        if unquantized:
+            raise ConfigError(
+                f"DTypeConfig(bias_dtype={bias}, {', '.join(unquantized)}): a quantized bias "
+                f"takes its scale from the input's and the weight's, so both must be quantized; "
+                f"give a quantized weight_dtype / input_dtype (torch.qint8 / torch.quint8), or "
+                f"bias_dtype=torch.float"
             )
 
     @property

@@ -48,12 +48,38 @@ class ObserverFacts:
 
 
 def _class_and_kwargs(ctr: Any) -> tuple[type, dict[str, Any]]:
-    partial = getattr(ctr, "p", ctr)
-    if isinstance(partial, functools.partial):
-        return partial.func, dict(partial.keywords)
-    if isinstance(ctr, type):
-        return ctr, {}
-    raise ConfigError(f"{ctr!r} is not an observer class or Observer.with_args(...)")
+    """The observer class of ``ctr`` and every keyword it was given, ``with_args`` chains
+    included (``MinMaxObserver.with_args(eps=e).with_args(quant_max=127)``: the later wins)."""
+    layers: list[dict[str, Any]] = []
+    inner = ctr
+    while True:
+        partial = getattr(inner, "p", inner)
+        if not isinstance(partial, functools.partial):
+            break
+        layers.append(dict(partial.keywords))
+        inner = partial.func
+    if isinstance(inner, type):
+        kwargs: dict[str, Any] = {}
+        for layer in reversed(layers):  # innermost first, so the outer call's keywords win
+            kwargs.update(layer)
+        return inner, kwargs
+    raise ConfigError(
+        f"{ctr!r} is not an observer class or Observer.with_args(...); a QConfig takes "
+        f"constructors, e.g. MinMaxObserver.with_args(quant_min=0, quant_max=127)"
+    )
+
+
+def same_constructor(a: Any, b: Any) -> bool:
+    """Whether two observer constructors build the same observer (torch.ao's qconfig_equals:
+    the same class with the same keywords)."""
+    if a is b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return _class_and_kwargs(a) == _class_and_kwargs(b)
+    except ConfigError:
+        return bool(a == b)
 
 
 def _instance(ctr: Any, where: str) -> Any:
@@ -129,11 +155,18 @@ def _observer_spec(
             f"FixedQParamsObserver"
         )
     per_channel = obs.qscheme in (torch.per_channel_affine, torch.per_channel_symmetric)
+    # prepare builds the observer from the spec's fields over the constructor's keywords, so
+    # the spec carries the QConfig's own quant_min / quant_max (None where it gave none): the
+    # observer is then built with exactly the QConfig's arguments, as FX mode builds it (a
+    # customized range sets a symmetric quint8 zero point to its midpoint, and reduce_range
+    # halves it, as torch does), and convert quantizes with the observer's range.
     spec = QuantizationSpec(
         dtype=dtype,
         observer_or_fake_quant_ctr=ours.with_args(**kwargs),
+        quant_min=kwargs.get("quant_min"),
+        quant_max=kwargs.get("quant_max"),
         qscheme=obs.qscheme,
         ch_axis=int(obs.ch_axis) if per_channel else None,
         is_dynamic=facts.is_dynamic,
-    )  # quant_min / quant_max left to the observer, built as FX mode builds it
+    )
     return spec, facts

@@ -4,10 +4,12 @@ For each pattern of the BackendConfig (longest fused tuples first), every place 
 (:mod:`qviz.engine.backend_config.matching`) gets the QConfig the QConfigMapping gives there;
 the first of the pattern's DTypeConfigs that QConfig fits (:mod:`.constraints`) decides, and the
 pattern is annotated by its observation type: its own output observer, its input's observer
-shared with the output, or nothing observed. Everything quantizable it leaves in float gets a
-reason in the plan: no pattern for what the graph does (with the closest declared one), a
-QConfig that fits none of the pattern's dtype configs (with the failed constraint), or a
-QConfig of None.
+shared with the output, or nothing observed. A pattern with a fuser method is quantized as FX
+quantizes it: by the config of the module it fuses into (the tutorial's ``(Conv2d, ReLU)``
+config only fuses; its ``ConvReLU2d`` config has the dtypes). Everything quantizable it leaves
+in float gets a reason in the plan: no pattern for what the graph does (with the closest
+declared one), a QConfig that fits none of the pattern's dtype configs (with the failed
+constraint), a fused module the backend has no config for, or a QConfig of None.
 
 Example:
     >>> import torch, qviz
@@ -28,11 +30,17 @@ Example:
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from torch.fx import GraphModule, Node
 
-from qviz.engine.backend_config.config import BackendConfig, BackendPatternConfig, pattern_name
+from qviz.engine.backend_config.config import (
+    BackendConfig,
+    BackendPatternConfig,
+    fused_form,
+    pattern_name,
+)
 from qviz.engine.backend_config.constraints import (
     annotation_problem,
     dtype_config_problem,
@@ -49,8 +57,9 @@ from qviz.engine.backend_config.matching import (
     match_chain,
     unit_chain,
 )
-from qviz.engine.backend_config.observers import observer_spec
+from qviz.engine.backend_config.observers import observer_spec, same_constructor
 from qviz.engine.backend_config.qconfig import QConfigMapping
+from qviz.engine.graph.module_stack import module_names
 from qviz.engine.pt2e.plan import QUANTIZABLE_OPS
 from qviz.engine.quantizers.annotate import (
     DTYPE_CONSTRAINT,
@@ -64,7 +73,7 @@ from qviz.engine.quantizers.base import Quantizer
 from qviz.engine.quantizers.capabilities import Capability
 from qviz.engine.quantizers.scope import check_module_names
 from qviz.engine.specs import SharedQuantizationSpec
-from qviz.errors import AnnotationError
+from qviz.errors import AnnotationError, ConfigError, closest_names
 
 
 def _length(config: BackendPatternConfig) -> int:
@@ -73,6 +82,32 @@ def _length(config: BackendPatternConfig) -> int:
 
 def _activation_inputs(anchor: Node) -> list[Node]:
     return [n for n in anchor.all_input_nodes if n.op != "get_attr"]
+
+
+def _caller(unit: Unit, element: Any) -> str:
+    """The module that makes the call ``unit`` (a layer is called by its parent; a function
+    by the module whose forward it is in), as set_module_name_object_type_order counts it."""
+    return unit.module.rpartition(".")[0] if isinstance(element, type) else unit.module
+
+
+def _same_qconfig(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return same_constructor(a.activation, b.activation) and same_constructor(a.weight, b.weight)
+
+
+def _type_name(object_type: Any) -> str:
+    return getattr(object_type, "__name__", None) or repr(object_type)
+
+
+class _Resolved:
+    """How a pattern config's matches are quantized: by ``target``'s observation type and
+    dtype configs (itself, or the config of the module it fuses into; None: FX fuses it into
+    ``fused``, a module the backend has no config for)."""
+
+    def __init__(self, config: BackendPatternConfig, backend: BackendConfig) -> None:
+        self.fused, self.members = fused_form(config)
+        self.target = config if self.fused is None else backend.config_for(self.fused)
 
 
 class BackendConfigQuantizer(Quantizer):
@@ -85,17 +120,30 @@ class BackendConfigQuantizer(Quantizer):
 
     def __init__(self, backend_config: Any, qconfig_mapping: Any) -> None:
         super().__init__()
-        self.backend_config = BackendConfig.of(backend_config)
-        self.qconfig_mapping = QConfigMapping.of(qconfig_mapping)
+        self.backend_config = BackendConfig.of(
+            backend_config, "BackendConfigQuantizer(backend_config=...)"
+        )
+        self.qconfig_mapping = QConfigMapping.of(
+            qconfig_mapping, "BackendConfigQuantizer(qconfig_mapping=...)"
+        )
         self._specs: dict[int, Any] = {}
-        #: anchor node name -> (pattern config, output node name) of each quantized match
-        self._claims: dict[str, tuple[BackendPatternConfig, str]] = {}
+        #: anchor node name -> (pattern config, the config whose dtype configs it was quantized
+        #: by, output node name) of each quantized match
+        self._claims: dict[str, tuple[BackendPatternConfig, BackendPatternConfig, str]] = {}
         self._units: list[Unit] = []
+        self._resolved: dict[int, _Resolved] = {}
+
+    def _resolve(self, config: BackendPatternConfig) -> _Resolved:
+        resolved = self._resolved.get(id(config))
+        if resolved is None:
+            resolved = self._resolved[id(config)] = _Resolved(config, self.backend_config)
+        return resolved
 
     def annotate(self, model: GraphModule) -> GraphModule:
         check_module_names(model, self.qconfig_mapping.named_modules(), "QConfigMapping")
-        self._claims = {}
+        self._claims, self._resolved = {}, {}  # the backend may have changed since
         units = self._units = graph_units(model)
+        self._check_mapping(model, units)
         by_first = first_nodes(units)
         claimed: set[Unit] = set()
         configs = sorted(self.backend_config.configs, key=_length, reverse=True)
@@ -111,6 +159,35 @@ class BackendConfigQuantizer(Quantizer):
         self._explain_unmatched(units, by_first, claimed)
         return model
 
+    def _check_mapping(self, model: GraphModule, units: list[Unit]) -> None:
+        """Settings of the QConfigMapping that would apply to nothing in ``model``: a module
+        name regex no module name matches, a call index past the calls a module makes."""
+        mapping = self.qconfig_mapping
+        known = {name for node in model.graph.nodes for name in module_names(node)} - {""}
+        for regex in mapping.module_name_regex_qconfigs:
+            if not any(re.match(regex, name) for name in known):
+                raise ConfigError(
+                    f"set_module_name_regex({regex!r}, ...): the regex matches no module that "
+                    f"calls an operator of this graph ({closest_names(regex, known)}); it is "
+                    f"matched with re.match from the start of the full name, as "
+                    f"model.named_modules() spells it (e.g. r'layer\\d\\.0\\.conv1')"
+                )
+        for name, object_type, index in mapping.module_name_object_type_order_qconfigs:
+            count = sum(
+                1
+                for u in units
+                if element_matches(u, object_type) and _caller(u, object_type) == name
+            )
+            if index >= count:
+                calls = f"indices 0..{count - 1}" if count else "no call to index"
+                raise ConfigError(
+                    f"set_module_name_object_type_order({name!r}, {_type_name(object_type)}, "
+                    f"{index}, ...): module {name or '(the top level)'!r} calls "
+                    f"{_type_name(object_type)} {count} time(s) in this graph ({calls}), so "
+                    f"index {index} names no call; the index counts that type's calls made by "
+                    f"the module itself, from 0, in forward order"
+                )
+
     def quantization_capabilities(self) -> list[Capability]:
         """One record per pattern and DTypeConfig of the backend (see
         :mod:`qviz.engine.quantizers.capabilities`): what it can run quantized, whatever the
@@ -120,11 +197,12 @@ class BackendConfigQuantizer(Quantizer):
             ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT: "shares its input's observer",
             ObservationType.INPUT_OUTPUT_NOT_OBSERVED: "not observed",
         }
-        return [
+        resolved = [(c, self._resolve(c).target) for c in self.backend_config.configs]
+        return [  # a fusing pattern: the dtypes of the module it fuses into, as FX runs it
             Capability(
                 quantizer="BackendConfigQuantizer",
                 pattern=pattern_name(config.pattern),
-                observation=observation[config.observation_type],
+                observation=observation[target.observation_type],
                 input=d.input_dtype_with_constraints.describe() if d.input_dtype else "float",
                 output=d.output_dtype_with_constraints.describe() if d.output_dtype else "float",
                 weight=d.weight_dtype_with_constraints.describe() if d.weight_dtype else "-",
@@ -132,8 +210,9 @@ class BackendConfigQuantizer(Quantizer):
                 dynamic=bool(d.is_dynamic),
                 setting=f"backend '{self.backend_config.name}'",
             )
-            for config in self.backend_config.configs
-            for d in config.dtype_configs
+            for config, target in resolved
+            if target is not None
+            for d in target.dtype_configs
         ]
 
     def validate(self, model: GraphModule) -> None:
@@ -147,11 +226,11 @@ class BackendConfigQuantizer(Quantizer):
                 message names the node, the pattern and the violated constraint.
         """
         nodes = {n.name: n for n in model.graph.nodes}
-        for anchor_name, (config, last_name) in self._claims.items():
+        for anchor_name, (config, target, last_name) in self._claims.items():
             anchor, last = nodes.get(anchor_name), nodes.get(last_name)
             if anchor is None or last is None:
                 continue
-            problem = annotation_problem(config, anchor, last)
+            problem = annotation_problem(target, anchor, last)
             if problem is not None:
                 raise AnnotationError(
                     f"{anchor.format_node()}: backend '{self.backend_config.name}' cannot run "
@@ -163,51 +242,80 @@ class BackendConfigQuantizer(Quantizer):
     def _qconfig(self, config: BackendPatternConfig, chain: list[Unit]) -> Any:
         first = config.pattern[0] if isinstance(config.pattern, tuple) else config.pattern
         unit = chain[0]
-        caller = unit.module.rpartition(".")[0] if isinstance(first, type) else unit.module
+        caller = _caller(unit, first)
         earlier = self._units[: self._units.index(unit)]
-        index = sum(
-            1
-            for u in earlier
-            if element_matches(u, first)
-            and (u.module.rpartition(".")[0] if isinstance(first, type) else u.module) == caller
-        )
+        index = sum(1 for u in earlier if element_matches(u, first) and _caller(u, first) == caller)
         return self.qconfig_mapping.qconfig_for(unit.module, first, index, caller)
+
+    def _check_fused_qconfigs(self, resolved: _Resolved, where: str) -> None:
+        """FX gives a fused module the QConfig its members' types have, and refuses (a
+        LookupError) when the QConfigMapping sets different ones by type."""
+        by_type = self.qconfig_mapping.object_type_qconfigs
+        if not by_type or not resolved.members:
+            return
+        first, *rest = resolved.members
+        for member in rest:
+            if not _same_qconfig(by_type.get(member), by_type.get(first)):
+                raise ConfigError(
+                    f"{where}: the backend fuses it into {_type_name(resolved.fused)}, which "
+                    f"takes one QConfig, but the QConfigMapping's set_object_type gives "
+                    f"{_type_name(first)} and {_type_name(member)} different ones (one may be "
+                    f"unset); set the same QConfig for every type of the pattern, e.g. "
+                    f"set_object_type(torch.nn.{_type_name(member)}, qconfig) (torch.ao's "
+                    f"prepare_fx refuses this too)"
+                )
 
     def _apply(self, config: BackendPatternConfig, chain: list[Unit]) -> None:
         anchor, nodes = chain[0].nodes[0], [n for u in chain for n in u.nodes]
         where = f"{pattern_name(config.pattern)} at {anchor.name}"
+        resolved = self._resolve(config)
+        self._check_fused_qconfigs(resolved, where)
         qconfig = self._qconfig(config, chain)
         if qconfig is None:
             detail = f"the QConfigMapping gives None for {where} (module '{chain[0].module}')"
             for node in nodes:
                 record_float_reason(node, USER_FALLBACK, detail)
             return
+        target = resolved.target
+        if target is None:
+            fused = _type_name(resolved.fused)
+            detail = (
+                f"{where}: backend '{self.backend_config.name}' fuses it into {fused} (its "
+                f"fuser method) but has no BackendPatternConfig({fused}) to quantize that; add "
+                f"one with the dtype configs (as the BackendConfig tutorial's "
+                f"fused_conv_relu_config)"
+            )
+            for node in nodes:
+                record_float_reason(node, PATTERN_UNSUPPORTED, detail)
+            return
         act, act_facts = observer_spec(qconfig.activation, f"{where}: activation", self._specs)
         weight, weight_facts = observer_spec(qconfig.weight, f"{where}: weight", self._specs)
         weight_node = weight_of(anchor)
         problems = [
             dtype_config_problem(d, act_facts, weight_facts, weight_node is not None)
-            for d in config.dtype_configs
+            for d in target.dtype_configs
         ]
         if None not in problems:
             why = problems[0] if problems else "the backend declares no DTypeConfig for it"
+            if target is not config:
+                why += f" (the dtype configs of {pattern_name(target.pattern)}, its fused form)"
             detail = f"{where}: {why}"
             for node in nodes:
                 record_float_reason(node, DTYPE_CONSTRAINT, detail)
             return
-        dtypes = config.dtype_configs[problems.index(None)]
+        dtypes = target.dtype_configs[problems.index(None)]
         mark_annotated(nodes)
-        if config.observation_type is ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
+        if target.observation_type is ObservationType.INPUT_OUTPUT_NOT_OBSERVED:
             return
         inputs = dict.fromkeys(_activation_inputs(anchor), act)
         if weight_node is not None and weight is not None:
             inputs[weight_node] = weight
         output = act if dtypes.output_dtype is not None and not act_facts.is_dynamic else None
-        if config.observation_type is ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT and inputs:
+        if target.observation_type is ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT and inputs:
             first = next(iter(inputs))
             output = SharedQuantizationSpec((first, anchor)) if output is not None else None
         last = chain[-1].output
-        self._claims[anchor.name] = (config, last.name)
+        self._claims[anchor.name] = (config, target, last.name)
         annotate(anchor, inputs, output if last is anchor else None)
         if last is not anchor:
             annotate(last, {}, output)

@@ -26,7 +26,6 @@ from qviz.engine.pt2e.prepare import _observer_from_spec
 from qviz.errors import ConfigError
 
 ao_backend = pytest.importorskip("torch.ao.quantization.backend_config")
-importlib.import_module("torch.ao.quantization.backend_config.utils")  # torch.ao needs it loaded
 
 
 def tutorial_backend() -> BackendConfig:

@@ -10,7 +10,6 @@ which is the tutorial's "ports by changing imports".
 from __future__ import annotations
 
 import copy
-import importlib
 import warnings
 
 import pytest
@@ -25,7 +24,6 @@ from qviz.errors import ConfigError
 from tests.helpers.backend_config import MyModel, constrained_qconfig, tutorial_backend
 
 ao_api = pytest.importorskip("torch.ao.quantization.backend_config")
-importlib.import_module("torch.ao.quantization.backend_config.utils")
 quantize_fx = pytest.importorskip("torch.ao.quantization.quantize_fx")
 ao_qconfig = pytest.importorskip("torch.ao.quantization")
 
