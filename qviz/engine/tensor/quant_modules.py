@@ -81,6 +81,11 @@ def _plan(
 ) -> list[tuple[ModuleType, str, type]]:
     entries = _default_map()
     known = {name for _, name, _ in entries}
+    if isinstance(float_module_list, str):
+        raise ConfigError(
+            f"float_module_list takes a list of layer names: pass [{float_module_list!r}], not "
+            f"{float_module_list!r} (a string would be read letter by letter)"
+        )
     keep_float = list(float_module_list or ())
     unknown = [n for n in keep_float if n not in known]
     if unknown:

@@ -183,3 +183,13 @@ def test_calibrate_quantizers_names_what_it_cannot_do():
         calibrate_quantizers(Skips(), [torch.randn(2, 4)], progress=False)
     with pytest.raises(ConfigError, match="calibration batch 0"):
         calibrate_quantizers(Skips(), [torch.randn(2, 5)], progress=False)
+
+
+def test_a_single_name_as_float_module_list_is_refused_with_the_list_form():
+    """Issue 25: "Linear" was split into letters and the message listed ['L', 'i', ...]."""
+    from qviz.errors import ConfigError
+
+    before = torch.nn.Linear
+    with pytest.raises(ConfigError, match=r"pass \['Linear'\], not 'Linear'"):
+        quant_modules.initialize(float_module_list="Linear")
+    assert torch.nn.Linear is before  # nothing was swapped
