@@ -14,6 +14,10 @@ or per channel)
 histogram (HistogramObserver)  round 1 agrees on the global range; round 2 re-bins each
                                process's histogram onto it as a growing range does in one
                                process (torch's re-binning), then sums the counts
+                               (within one process's batch-order spread, see sharded)
+signed histogram               the ranges are powers of two, so round 2 merges 2^k bins on
+(OrderFreeHistogramObserver)   each side of zero exactly and sums int64 counts: the
+                               single-process histogram, bit for bit
 |x| histogram                  the ranges are powers of two (HistogramCalibrator), so round 2
 (HistogramCalibrator)          merges 2^k neighbouring bins exactly and sums int64 counts:
                                the single-process histogram, bit for bit
@@ -49,15 +53,13 @@ from qviz.engine.observers import (
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
     ObserverBase,
+    OrderFreeHistogramObserver,
     PerChannelMinMaxObserver,
 )
-from qviz.engine.tensor.calib.histogram_calibrator import (
-    HistogramCalibrator,
-    _grow_exponents,
-    _merge_bins,
-    merge_exponents,
-)
+from qviz.engine.observers.order_free_histogram import regrid_signed
+from qviz.engine.tensor.calib.histogram_calibrator import HistogramCalibrator
 from qviz.engine.tensor.calib.max_calibrator import MaxCalibrator
+from qviz.engine.tensor.calib.pow2_ranges import regrid
 
 #: ``{key: (op, tensor)}``: what one observer contributes to one round.
 Contributions = dict[str, tuple[str, torch.Tensor]]
@@ -203,6 +205,28 @@ class HistogramObserverRule(RangeRule):
             obj.histogram.copy_(r2["histogram"].to(obj.histogram.device, torch.float32))
 
 
+class OrderFreeHistogramRule(RangeRule):
+    """Signed histograms over power-of-two ranges: the largest range, each histogram's bins
+    merged 2^k at a time onto it on each side of zero, int64 counts summed: the single-process
+    histogram of all the batches, bit for bit (so are the qparams)."""
+
+    def round1(self, obj: Any, shape: Shape) -> Contributions:
+        contributions = super().round1(obj, shape)
+        own = obj.hist_range.detach().to("cpu", _F64).reshape(1)
+        contributions["range"] = ("max", own)
+        return contributions
+
+    def round2(self, obj: Any, reduced: dict[str, torch.Tensor], shape: Shape) -> Contributions:
+        old, new = float(obj.hist_range), float(reduced["range"])
+        counts = regrid_signed(obj.counts.detach().cpu(), old, new)
+        return {"hist": ("sum", counts)}
+
+    def apply(self, obj: Any, r1: dict, r2: dict, shape: Shape) -> None:
+        super().apply(obj, r1, r2, shape)
+        obj.hist_range.fill_(float(r1["range"]))
+        obj.counts.copy_(r2["hist"].to(obj.counts.device))
+
+
 class MaxCalibratorRule(Rule):
     """The running amax of a MaxCalibrator: MAX per channel (its per-batch history stays local)."""
 
@@ -254,9 +278,7 @@ class HistogramCalibratorRule(MaxCalibratorRule):
         if obj._counts is None:
             return {"hist": ("sum", torch.zeros(shape.rows * bins, dtype=_I64))}
         own = obj._range.detach().to("cpu", _F64)
-        target = reduced["range"]
-        k = torch.where(own > 0, _grow_exponents(own, target), 0)
-        counts = _merge_bins(obj._counts.detach().cpu(), merge_exponents(k, bins))
+        counts = regrid(obj._counts.detach().cpu(), own, reduced["range"])
         return {"hist": ("sum", counts.reshape(-1))}
 
     def apply(self, obj: Any, r1: dict, r2: dict, shape: Shape) -> None:
@@ -272,6 +294,7 @@ _RULES: tuple[tuple[type, Rule], ...] = (
     (HistogramCalibrator, HistogramCalibratorRule()),
     (MaxCalibrator, MaxCalibratorRule()),
     (HistogramObserver, HistogramObserverRule()),
+    (OrderFreeHistogramObserver, OrderFreeHistogramRule()),
     (MovingAverageMinMaxObserver, MovingAverageRule()),
     (MovingAveragePerChannelMinMaxObserver, MovingAverageRule()),
     (MinMaxObserver, RangeRule()),

@@ -16,10 +16,17 @@ PerChannelMinMaxObserver                   running min/max per ``ch_axis`` slice
 MovingAveragePerChannelMinMaxObserver      moving average per slice
 HistogramObserver                          histogram: torch's L2 search (default), or
                                            max / percentile / entropy / mse (HistogramCalibrator)
+OrderFreeHistogramObserver                 histogram over a power-of-two range, the same for any
+                                           batch order or sharding: the L2 search
 FixedQParamsObserver                       fixed ``scale``/``zero_point``
 PlaceholderObserver                        none: dynamic quantization or a cast
 DerivedQParamsObserver                     a function of other observers (e.g. int32 bias)
 =========================================  =================================================
+
+Calibrated on several processes (``qviz.calibrate(..., group=...)``), the min/max observers and
+OrderFreeHistogramObserver merge to one process's state bit for bit; HistogramObserver to within
+one process's spread over batch orders; moving averages to the batch-weighted mean of the
+ranks' averages (:mod:`qviz.engine.distributed.sharded`).
 
 Every observer also keeps what the views read: ``num_batches``, ``num_elements``, the observed
 ``min_val``/``max_val`` (buffers) and a short tensor-free repr; ``reset()`` forgets it all.
@@ -49,6 +56,7 @@ from qviz.engine.observers.minmax import (
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
 )
+from qviz.engine.observers.order_free_histogram import OrderFreeHistogramObserver
 from qviz.engine.observers.passthrough import (
     DerivedQParamsObserver,
     FixedQParamsObserver,
@@ -73,6 +81,7 @@ __all__ = [
     "MovingAveragePerChannelMinMaxObserver",
     "ObserverBase",
     "ObserverFactory",
+    "OrderFreeHistogramObserver",
     "PerChannelMinMaxObserver",
     "PlaceholderObserver",
     "UniformQuantizationObserverBase",

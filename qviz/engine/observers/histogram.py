@@ -28,6 +28,14 @@ reference's one). On whole models that is the difference between calibrating res
 needs; pass ``switchable=True`` (e.g. ``HistogramObserver.with_args(switchable=True)`` in a
 QuantizationSpec) for observers whose method a user will explore after calibration.
 
+**Batch order and distributed calibration.** Because a wider range re-bins the old counts
+(lossily), the histogram, and so the L2 range, depend on the order of the batches whenever the
+range grows after the first one. Calibrating on several processes therefore merges to a result
+within one process's own spread over batch orders (bit for bit only when no rank's range grows;
+:mod:`qviz.engine.distributed.sharded` has the measurement).
+:class:`~qviz.engine.observers.OrderFreeHistogramObserver` runs the same L2 search on a
+histogram that is the same for any order and sharding.
+
 On CUDA the histograms use the same torch operations as the reference; the L2 search runs on a
 CPU copy of the (``bins``-long) histogram, while torch runs it on the GPU, whose division
 kernels may round differently, so GPU results are not guaranteed bit-identical (untested).

@@ -10,6 +10,11 @@ All of them turn the range into qparams with the shared formula of
 :class:`~qviz.engine.observers.uniform.UniformQuantizationObserverBase` and agree bit for bit
 with torch's observers of the same names given the same batches.
 
+Calibrated on several processes (``qviz.calibrate(..., group=...)``), the running min/max merge
+exactly (MIN / MAX: one process's range over all the shards, bit for bit). A moving average
+depends on the order of its batches, so no merge can equal one process: the ranks' averages
+merge as their batch-count weighted mean (:mod:`qviz.engine.distributed.merge_rules`).
+
 Example:
     >>> import torch
     >>> obs = MovingAverageMinMaxObserver(averaging_constant=0.5, dtype=torch.int8)

@@ -77,10 +77,11 @@ def calibrate(
         group: a ``torch.distributed`` process group. When one is given, or the default
             group is initialised, each rank calibrates its shard (``data`` is this rank's
             part; an empty shard is fine) and then every observer merges its statistics
-            across the ranks, so that all ranks hold what one process would after all the
-            shards (:mod:`qviz.engine.distributed.sharded` says what is exact); every rank must call
-            it. ``group=False`` calibrates this process alone; anything but None, False or a
-            ``ProcessGroup`` is a ConfigError.
+            across the ranks, so that all ranks hold the same statistics: one process's over
+            all the shards, bit for bit, for min / max and OrderFreeHistogramObserver
+            (:mod:`qviz.engine.distributed.sharded` states the guarantee per observer kind);
+            every rank must call it. ``group=False`` calibrates this process alone; anything
+            but None, False or a ``ProcessGroup`` is a ConfigError.
 
     Returns:
         ``model``, for chaining.

@@ -23,6 +23,7 @@ from qviz.engine.observers import (
     HistogramObserver,
     MinMaxObserver,
     MovingAverageMinMaxObserver,
+    OrderFreeHistogramObserver,
 )
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.numeric import compare
@@ -118,6 +119,42 @@ def histogram_scenario(rank: int, world: int, group) -> dict:
     converted = qviz.convert_pt2e(prepared)
     with torch.no_grad():
         out = converted(batches[0])
+    return {"qparams": observer_qparams(prepared), "state": observer_state(prepared), "out": out}
+
+
+def _digits_calibrated(batches: list[torch.Tensor], group, observer) -> tuple:
+    """The digits model with ``observer`` on its activations, calibrated on ``batches`` and
+    converted: (the prepared model, its converted outputs on every digits batch)."""
+    example = digits_batches(1)[0]
+    gm = qviz.export(digits_model().eval(), (example,), dynamic_batch=True)
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    config = _with_activation_observer(config, observer.with_args(eps=2**-12))
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    qviz.calibrate(prepared, batches, progress=False, group=group)
+    converted = qviz.convert_pt2e(prepared)
+    with torch.no_grad():
+        return prepared, torch.cat([converted(x) for x in digits_batches()])
+
+
+def order_spread_scenario(rank: int, world: int, group, order: list[int] | None = None) -> dict:
+    """torch's HistogramObserver on uneven shards of the digits batches, no anchor batch: ranges
+    grow, so the merge cannot be exact. ``group`` None: one process over the batches in
+    ``order`` (default: the shards in rank order)."""
+    batches = digits_batches()
+    if group is None:
+        mine = order if order is not None else list(range(len(batches)))
+    else:
+        mine = shards(world, len(batches))[rank]
+    _, out = _digits_calibrated([batches[i] for i in mine], group, HistogramObserver)
+    return {"out": out}
+
+
+def order_free_scenario(rank: int, world: int, group) -> dict:
+    """OrderFreeHistogramObserver on the same uneven shards, no anchor: exact, bit for bit."""
+    batches = digits_batches()
+    mine = range(len(batches)) if group is None else shards(world, len(batches))[rank]
+    data = [batches[i] for i in mine]
+    prepared, out = _digits_calibrated(data, group, OrderFreeHistogramObserver)
     return {"qparams": observer_qparams(prepared), "state": observer_state(prepared), "out": out}
 
 
@@ -391,6 +428,8 @@ FAILURES = {
 SCENARIOS = {
     "histogram": histogram_scenario,
     "minmax": minmax_scenario,
+    "order_free": order_free_scenario,
+    "order_spread": order_spread_scenario,
     "moving_average": moving_average_scenario,
     "quantizers": quantizers_scenario,
     "compare": compare_scenario,

@@ -21,51 +21,21 @@ Example:
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 
 from qviz.engine.qparams import validate_num_bits
 from qviz.engine.tensor.calib.base import CalibMethod, Calibrator
 from qviz.engine.tensor.calib.pickers import entropy_amax, mse_amax, percentile_amax
+from qviz.engine.tensor.calib.pow2_ranges import (
+    grow_exponents,
+    merge_bins,
+    merge_exponents,
+    pow2_ceil,
+)
 from qviz.errors import ConfigError
 
 _BLOCK = 1 << 20  # elements binned per step: 4 MiB of float32 scratch, fits in cache
-
-
-def _grow_exponents(old_range: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """Smallest k >= 0 per channel with old_range * 2^k >= amax."""
-    ratio = torch.where(old_range > 0, amax / old_range.clamp(min=1e-300), torch.ones_like(amax))
-    k = torch.ceil(torch.log2(ratio.clamp(min=1.0))).to(torch.int64)
-    return torch.where(old_range * torch.exp2(k.to(old_range.dtype)) < amax, k + 1, k)
-
-
-def merge_exponents(k: torch.Tensor, num_bins: int) -> torch.Tensor:
-    """``k`` capped where merging 2^k bins already puts every count in bin 0."""
-    return k.clamp(max=int(math.log2(num_bins)) + 1)
-
-
-def pow2_ceil(amax: torch.Tensor) -> torch.Tensor:
-    """The smallest power of two >= each value (0 stays 0), exactly (from the binary exponent).
-
-    Example:
-        >>> pow2_ceil(torch.tensor([0.0, 0.3, 0.5, 3.0], dtype=torch.float64)).tolist()
-        [0.0, 0.5, 0.5, 4.0]
-    """
-    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
-    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
-    return torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), exponent), amax)
-
-
-def _merge_bins(counts: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Re-bin each row by merging 2^k[row] neighbouring bins (exact integer sums)."""
-    num_bins = counts.shape[1]
-    factor = torch.pow(2, k).unsqueeze(1)
-    cum = torch.cat([counts.new_zeros(counts.shape[0], 1), torch.cumsum(counts, 1)], 1)
-    j = torch.arange(num_bins + 1, device=counts.device).unsqueeze(0)
-    edges = (j * factor).clamp_(max=num_bins)
-    bounded = cum.gather(1, edges)
-    return bounded[:, 1:] - bounded[:, :-1]
 
 
 class HistogramCalibrator(Calibrator):
@@ -140,10 +110,10 @@ class HistogramCalibrator(Calibrator):
             )
             return self._range
         empty = self._range == 0
-        k = _grow_exponents(self._range, amax)
+        k = grow_exponents(self._range, amax)
         if bool((k > 0).any()):
             merge = merge_exponents(torch.where(empty, 0, k), self._num_bins)
-            self._counts = _merge_bins(self._counts, merge)
+            self._counts = merge_bins(self._counts, merge)
         grown = self._range * torch.exp2(k.to(torch.float64))
         # A histogram that saw only zeros takes the new range as is: its counts sit in bin 0.
         self._range = torch.where(empty, pow2_ceil(amax), grown)
