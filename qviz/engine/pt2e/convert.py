@@ -166,7 +166,8 @@ def convert_pt2e(
     Args:
         model: the output of :func:`qviz.prepare_pt2e`, calibrated.
         fold_quantize: store quantized constants (weights) as integer tensors.
-        use_reference_representation: rewrite quantized linear/conv into readable integer
+        use_reference_representation: rewrite the quantized ops (linear, conv, add, add +
+            ReLU, max pooling, dynamic linear, the q/dq ops left) into readable integer
             arithmetic (int16 widening, int32 accumulation, requantize), for teaching; it
             matches the quantize/dequantize form within one quantization step
             (:mod:`qviz.engine.pt2e.passes.reference_representation`). Needs ``fold_quantize``.

@@ -1,4 +1,4 @@
-"""Reference representation: quantized linear and conv written out as integer arithmetic.
+"""Reference representation: a converted model's quantized ops written out as integer arithmetic.
 
 A converted model computes ``dq(x_q)``, ``dq(w_q)`` → float ``linear``/``conv`` → ``q(out)``: the
 integers are only implied. :func:`to_reference_representation` rewrites each such pattern into
@@ -34,6 +34,16 @@ backend stores it instead as an int32 fixed-point multiplier and a right shift.
 ``relu`` between the op and the output quantize is fused: in the integer domain it is a clamp at
 ``out_zero_point`` (the integer that stands for 0.0), which gives exactly ``q(relu(y))``.
 
+The other patterns torchao's reference representation rewrites (add, add + ReLU, max pooling,
+dynamically quantized linear, and the quantize / dequantize ops left over) have their functions
+in :mod:`~qviz.engine.pt2e.passes.reference_ops` and their matchers in
+:mod:`~qviz.engine.pt2e.passes.reference_patterns`. Where torchao's arithmetic differs, qviz's
+follows the q/dq model (one rounding, half to even; the bias rounded, not truncated), so a
+rewritten model stays within one step of the q/dq model it came from; each function's docstring
+says where torchao's gives other integers. torchao's 4-bit groupwise dynamic linear (its own
+``torchao::*_affine`` ops and a float ``torchao::reference_dqlinear_int4`` custom op) is not
+rewritten: its pattern, and its bfloat16 rounding of the weight scales, belong to torchao.
+
 Example:
     >>> import torch, qviz
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -44,7 +54,7 @@ Example:
     >>> model = to_reference_representation(qviz.convert_pt2e(prepared))
     >>> sorted({getattr(n.target, "__name__", "") for n in model.graph.nodes
     ...         if n.op == "call_function"})
-    ['dequantize_per_tensor.default', 'quantize_per_tensor.default', 'quantized_linear']
+    ['quantized_linear', 'reference_dequantize_per_tensor', 'reference_quantize_per_tensor']
 """
 
 from __future__ import annotations
@@ -58,119 +68,49 @@ import torch
 from torch import Tensor
 from torch.fx import GraphModule, Node
 
-from qviz.engine.compat import quantized_decomposed
-from qviz.engine.graph.debug_handles import COMPARE_AS, HANDLE
 from qviz.engine.graph.get_attr import get_attr_value
-from qviz.errors import ConfigError, QuantizationError
+from qviz.engine.pt2e.passes.reference_ops import (
+    Scale,
+    ZeroPoint,
+    _Output,
+    exact_linear,
+    per_channel,
+    quantize_bias,
+    requantize,
+    shift,
+)
+from qviz.engine.pt2e.passes.reference_patterns import (
+    REPLACES,
+    Rewrite,
+    add_rewrite,
+    arguments,
+    dynamic_linear_rewrite,
+    is_call,
+    is_constant,
+    max_pool_rewrite,
+    ops,
+    qdq_rewrite,
+    replace_with_call,
+    scalar_qparams,
+)
+from qviz.errors import ConfigError
 
-REPLACES = "qviz_replaces"
-"""``node.meta`` key on each rewritten call: the name of the output quantize node it replaces."""
+__all__ = [
+    "REPLACES",
+    "quantize_bias",
+    "quantized_conv1d",
+    "quantized_conv2d",
+    "quantized_linear",
+    "requantize",
+    "to_reference_representation",
+]
 
 _INT8_TYPES = (torch.int8, torch.uint8)
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-Scale = float | Tensor
-ZeroPoint = int | Tensor
+_INT32_MAX = 2**31 - 1
 
 # --------------------------------------------------------------------------------------------
-# The integer kernels: what the rewritten graph calls.
+# The integer kernels of linear and conv: what the rewritten graph calls.
 # --------------------------------------------------------------------------------------------
-
-
-def _per_channel(value: Scale | ZeroPoint, dims_after: int, dtype: torch.dtype) -> Tensor:
-    """A scalar, or a per-channel vector shaped ``(C, 1, ..., 1)`` to broadcast over channels."""
-    tensor = torch.as_tensor(value)
-    return tensor.to(dtype).reshape(-1, *(1,) * dims_after)
-
-
-def _shift(q: Tensor, zero_point: Tensor, name: str) -> Tensor:
-    """``q - zero_point`` widened to int16, so the difference of two int8 values cannot wrap."""
-    if q.dtype not in _INT8_TYPES:
-        raise QuantizationError(
-            f"the reference kernels take int8 or uint8 tensors, got {name} of dtype {q.dtype}; "
-            f"pass the output of quantize_per_tensor / the stored integer weight"
-        )
-    return q.to(torch.int16) - zero_point.to(torch.int16)
-
-
-def _to_int32(exact: Tensor) -> Tensor:
-    """Cast the float64 accumulator (integer-valued, exact, inside int32's range) to int32."""
-    return exact.to(torch.int32)
-
-
-def quantize_bias(bias: Tensor, x_scale: Scale, w_scale: Scale) -> Tensor:
-    """Quantize a float bias to int32 with scale ``x_scale * w_scale``, zero_point 0.
-
-    The accumulator of ``x_q * w_q`` counts units of ``x_scale * w_scale``, so the bias has to be
-    counted in the same units before it can be added. Values beyond int32 are clamped.
-
-    Args:
-        bias: float bias, one value per output channel.
-        x_scale: the input's scale.
-        w_scale: the weight's scale, a float or one value per output channel.
-
-    Returns:
-        The int32 bias, same shape as ``bias``.
-
-    Example:
-        >>> quantize_bias(torch.tensor([0.3, -1.0]), 0.5, torch.tensor([0.1, 0.2]))
-        tensor([  6, -10], dtype=torch.int32)
-    """
-    scale = torch.as_tensor(x_scale, dtype=torch.float64) * torch.as_tensor(
-        w_scale, dtype=torch.float64
-    )
-    counted = torch.round(bias.to(torch.float64) / scale)
-    return counted.clamp(_INT32_MIN, _INT32_MAX).to(torch.int32)
-
-
-def requantize(
-    acc: Tensor,
-    multiplier: Tensor | float,
-    zero_point: int,
-    quant_min: int,
-    quant_max: int,
-    dtype: torch.dtype = torch.int8,
-    *,
-    relu: bool = False,
-) -> Tensor:
-    """Scale an int32 accumulator to the output's integers: round, add zero_point, clamp.
-
-    ``multiplier`` is ``x_scale * w_scale / out_scale`` (float64; a per-channel tensor broadcasts).
-    Rounding is half to even, as in ``quantize_per_tensor``. With ``relu`` the lower bound is
-    ``zero_point``, the integer that stands for 0.0, which equals quantizing ``relu(y)``.
-
-    Args:
-        acc: int32 accumulator.
-        multiplier: the requantization multiplier.
-        zero_point: the output's zero_point.
-        quant_min: the output's smallest integer.
-        quant_max: the output's largest integer.
-        dtype: the output's integer dtype.
-        relu: clamp at ``zero_point`` from below as well.
-
-    Returns:
-        The quantized output, of ``dtype``.
-
-    Example:
-        >>> requantize(torch.tensor([24, -500], dtype=torch.int32), 1.25, 3, -128, 127)
-        tensor([  33, -128], dtype=torch.int8)
-        >>> requantize(torch.tensor([24, -500], dtype=torch.int32), 1.25, 3, -128, 127, relu=True)
-        tensor([33,  3], dtype=torch.int8)
-    """
-    scaled = torch.round(acc.to(torch.float64) * multiplier) + zero_point
-    low = max(quant_min, zero_point) if relu else quant_min
-    return scaled.clamp(low, quant_max).to(dtype)
-
-
-@dataclass(frozen=True)
-class _Output:
-    """The output side shared by every kernel: qparams, integer range, dtype, fused relu."""
-
-    scale: float
-    zero_point: int
-    quant_min: int
-    quant_max: int
-    dtype: torch.dtype
-    relu: bool
 
 
 def _finish(
@@ -178,8 +118,8 @@ def _finish(
 ) -> Tensor:
     """Add the int32 bias to the accumulator, then requantize: the tail of every kernel."""
     if bias is not None:
-        acc = acc + _per_channel(quantize_bias(bias, x_scale, w_scale), dims_after, torch.int32)
-    multiplier = float(x_scale) * _per_channel(w_scale, dims_after, torch.float64) / out.scale
+        acc = acc + per_channel(quantize_bias(bias, x_scale, w_scale), dims_after, torch.int32)
+    multiplier = float(x_scale) * per_channel(w_scale, dims_after, torch.float64) / out.scale
     return requantize(
         acc, multiplier, out.zero_point, out.quant_min, out.quant_max, out.dtype, relu=out.relu
     )
@@ -230,9 +170,9 @@ def quantized_linear(
         >>> quantized_linear(x_q, 0.5, 2, w_q, 0.25, 0, None, 0.1, 0)
         tensor([[30]], dtype=torch.int8)
     """
-    x = _shift(x_q, torch.as_tensor(x_zero_point), "x_q")
-    w = _shift(w_q, _per_channel(w_zero_point, 1, torch.int64), "w_q")
-    acc = _to_int32(torch.matmul(x.to(torch.float64), w.to(torch.float64).T))
+    x = shift(x_q, torch.as_tensor(x_zero_point), "x_q")
+    w = shift(w_q, per_channel(w_zero_point, 1, torch.int64), "w_q")
+    acc = exact_linear(x, w)
     out = _Output(out_scale, out_zero_point, quant_min, quant_max, out_dtype, relu)
     return _finish(acc, bias, x_scale, w_scale, out, dims_after=0)
 
@@ -253,11 +193,11 @@ def _quantized_conv(
     Zero padding of the shifted input ``x_q - x_zero_point`` is padding with ``x_zero_point`` in
     the integer domain, i.e. padding with 0.0 in the float one, as the float convolution does.
     """
-    x = _shift(x_q, torch.as_tensor(x_qparams[1]), "x_q")
-    w = _shift(w_q, _per_channel(w_qparams[1], spatial + 1, torch.int64), "w_q")
+    x = shift(x_q, torch.as_tensor(x_qparams[1]), "x_q")
+    w = shift(w_q, per_channel(w_qparams[1], spatial + 1, torch.int64), "w_q")
     stride, padding, dilation, groups = geometry
     exact = conv(x.to(torch.float64), w.to(torch.float64), None, stride, padding, dilation, groups)
-    return _finish(_to_int32(exact), bias, x_qparams[0], w_qparams[0], out, dims_after=spatial)
+    return _finish(exact.to(torch.int32), bias, x_qparams[0], w_qparams[0], out, dims_after=spatial)
 
 
 def quantized_conv1d(
@@ -375,10 +315,6 @@ def quantized_conv2d(
 # --------------------------------------------------------------------------------------------
 
 
-def _ops() -> Any:
-    return quantized_decomposed()
-
-
 def _kernels() -> dict[Any, Callable[..., Tensor]]:
     aten = torch.ops.aten
     return {
@@ -399,135 +335,141 @@ class _Match:
     w_dq: Node
 
 
-def _is_call(node: Any, *targets: Any) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
-
-def _scalar_qparams(node: Node) -> bool:
-    """A per-tensor q/dq node with Python-number qparams and an 8-bit integer dtype."""
-    if len(node.args) < 6:
-        return False
-    scale, zero_point, dtype = node.args[1], node.args[2], node.args[5]
-    numbers = isinstance(scale, float | int) and isinstance(zero_point, int)
-    return numbers and dtype in _INT8_TYPES
-
-
-def _arguments(node: Node) -> dict[str, Any]:
-    """The op's arguments by schema name, defaults filled in (aten ops only)."""
-    schema = node.target._schema
-    values = {}
-    for index, arg in enumerate(schema.arguments):
-        if index < len(node.args):
-            values[arg.name] = node.args[index]
-        else:
-            values[arg.name] = node.kwargs.get(arg.name, arg.default_value)
-    return values
-
-
 def _is_weight_dq(node: Any) -> bool:
-    ops = _ops()
-    if _is_call(node, ops.dequantize_per_tensor.default):
-        return _scalar_qparams(node) and _is_constant(node.args[0])
-    if _is_call(node, ops.dequantize_per_channel.default) and len(node.args) >= 7:
-        per_channel = isinstance(node.args[1], Node) and isinstance(node.args[2], Node)
+    """A dequantize of stored 8-bit integers: per tensor, or per channel along axis 0."""
+    if is_call(node, ops().dequantize_per_tensor.default):
+        return scalar_qparams(node) and is_constant(node.args[0])
+    if is_call(node, ops().dequantize_per_channel.default) and len(node.args) >= 7:
+        per_channel_qparams = isinstance(node.args[1], Node) and isinstance(node.args[2], Node)
         axis_ok = node.args[3] == 0 and node.args[6] in _INT8_TYPES
-        return per_channel and axis_ok and _is_constant(node.args[0])
+        return per_channel_qparams and axis_ok and is_constant(node.args[0])
     return False
-
-
-def _is_constant(node: Any) -> bool:
-    return isinstance(node, Node) and node.op == "get_attr"
 
 
 def _producer(quantize: Node) -> tuple[Node, Node | None] | None:
     """The linear/conv (and an optional relu after it) feeding ``quantize`` and nothing else."""
     source = quantize.args[0]
     relu = None
-    if _is_call(source, torch.ops.aten.relu.default) and len(source.users) == 1:
+    if is_call(source, torch.ops.aten.relu.default) and len(source.users) == 1:
         relu, source = source, source.args[0]
-    if _is_call(source, *_kernels()) and len(source.users) == 1:
+    if is_call(source, *_kernels()) and len(source.users) == 1:
         return source, relu
     return None
 
 
 def _match(quantize: Node) -> _Match | None:
     """The pattern ending at an output ``quantize_per_tensor`` node, or None if it is not one."""
-    if not _is_call(quantize, _ops().quantize_per_tensor.default) or not _scalar_qparams(quantize):
+    if not is_call(quantize, ops().quantize_per_tensor.default) or not scalar_qparams(quantize):
         return None
     found = _producer(quantize)
     if found is None:
         return None
     op, relu = found
-    arguments = _arguments(op)
-    x_dq, w_dq = arguments["input"], arguments["weight"]
-    x_ok = _is_call(x_dq, _ops().dequantize_per_tensor.default) and _scalar_qparams(x_dq)
+    given = arguments(op)
+    x_dq, w_dq = given["input"], given["weight"]
+    x_ok = is_call(x_dq, ops().dequantize_per_tensor.default) and scalar_qparams(x_dq)
     if not (x_ok and _is_weight_dq(w_dq)):
         return None
     return _Match(quantize, op, relu, x_dq, w_dq)
 
 
-def _attribute(gm: GraphModule, node: Node) -> Tensor:
-    """The tensor a ``get_attr`` node reads."""
-    return get_attr_value(gm, node)
-
-
-def _accumulator_bound(gm: GraphModule, match: _Match) -> int:
-    """The largest |sum of x * w| any input can produce, from the stored integer weight."""
-    weight = _attribute(gm, match.w_dq.args[0]).to(torch.int64)
-    w_zero_point = match.w_dq.args[2]
+def _accumulator_bound(gm: GraphModule, w_dq: Node, x_reach: int) -> int:
+    """The largest |sum of x * w| any input can produce, from the stored integer weight;
+    ``x_reach`` is the largest |x_q - x_zero_point|."""
+    weight = get_attr_value(gm, w_dq.args[0]).to(torch.int64)
+    w_zero_point = w_dq.args[2]
     if isinstance(w_zero_point, Node):
-        w_zero_point = _per_channel(_attribute(gm, w_zero_point), weight.dim() - 1, torch.int64)
+        w_zero_point = per_channel(get_attr_value(gm, w_zero_point), weight.dim() - 1, torch.int64)
     shifted = (weight - torch.as_tensor(w_zero_point)).abs()
-    per_channel = shifted.reshape(shifted.shape[0], -1).sum(dim=1).max()
-    x_zero_point, x_min, x_max = match.x_dq.args[2:5]
-    return int(per_channel) * max(x_max - x_zero_point, x_zero_point - x_min)
+    return int(shifted.reshape(shifted.shape[0], -1).sum(dim=1).max()) * x_reach
+
+
+def _fits_int32(gm: GraphModule, op: Node, w_dq: Node, x_dq: Node, dynamic: bool) -> bool:
+    """Whether the int32 accumulator cannot overflow; if it can, a warning says so."""
+    x_zero_point, x_min, x_max = x_dq.args[2:5]
+    reach = x_max - x_min if dynamic else max(x_max - x_zero_point, x_zero_point - x_min)
+    bound = _accumulator_bound(gm, w_dq, reach)
+    if bound <= _INT32_MAX:
+        return True
+    warnings.warn(
+        f"left {op.format_node()} in float: its int32 accumulator could reach "
+        f"{bound:,} > {_INT32_MAX:,}; use fewer input channels per output or 8-bit "
+        f"inputs with a smaller range",
+        stacklevel=3,
+    )
+    return False
 
 
 def _kernel_call(match: _Match) -> tuple[Callable[..., Tensor], tuple, dict[str, Any]]:
     """The kernel, its positional arguments (tensors and qparams) and keyword arguments."""
-    arguments = _arguments(match.op)
+    given = arguments(match.op)
     x_q, x_scale, x_zero_point = match.x_dq.args[:3]
     w_q, w_scale, w_zero_point = match.w_dq.args[:3]
     out_scale, out_zero_point, quant_min, quant_max, out_dtype = match.quantize.args[1:6]
-    args = (x_q, x_scale, x_zero_point, w_q, w_scale, w_zero_point, arguments["bias"])
+    args = (x_q, x_scale, x_zero_point, w_q, w_scale, w_zero_point, given["bias"])
     kwargs: dict[str, Any] = {
-        name: arguments[name]
-        for name in ("stride", "padding", "dilation", "groups")
-        if name in arguments
+        name: given[name] for name in ("stride", "padding", "dilation", "groups") if name in given
     }
     kwargs.update(quant_min=quant_min, quant_max=quant_max, out_dtype=out_dtype)
     kwargs["relu"] = match.relu is not None
     return _kernels()[match.op.target], (*args, out_scale, out_zero_point), kwargs
 
 
-def _rewrite(gm: GraphModule, match: _Match) -> Node:
-    """Replace one pattern by a call of its integer kernel; erase what is left unused."""
-    kernel, args, kwargs = _kernel_call(match)
-    with gm.graph.inserting_before(match.quantize):
-        call = gm.graph.call_function(kernel, args, kwargs)
-    call.meta[REPLACES] = match.quantize.name
-    for key in ("nn_module_stack", "stack_trace", "source_fn_stack", HANDLE, COMPARE_AS):
-        if key in match.op.meta:
-            call.meta[key] = match.op.meta[key]
-    match.quantize.replace_all_uses_with(call)
-    for node in (match.quantize, match.relu, match.op, match.x_dq, match.w_dq):
-        if node is not None and not node.users:
-            gm.graph.erase_node(node)
-    return call
+def _rewrite_linear_conv(gm: GraphModule) -> None:
+    """Every quantized linear / conv whose accumulator fits int32, as one kernel call."""
+    for match in [m for m in map(_match, gm.graph.nodes) if m is not None]:
+        if _fits_int32(gm, match.op, match.w_dq, match.x_dq, dynamic=False):
+            erasable = (match.relu, match.op, match.x_dq, match.w_dq)
+            replace_with_call(gm, _kernel_call(match), match.quantize, match.op, erasable)
+
+
+def _dynamic_linear(gm: GraphModule) -> Callable[[Node], Rewrite | None]:
+    def rewrite(node: Node) -> Rewrite | None:
+        found = dynamic_linear_rewrite(node, _is_weight_dq)
+        if found is None or not _fits_int32(gm, node, node.args[1], node.args[0], dynamic=True):
+            return None
+        return found
+
+    return rewrite
+
+
+def _rewrite_each(gm: GraphModule, matcher: Callable[[Node], Rewrite | None]) -> None:
+    """Walk the graph in order; rewrite each node ``matcher`` recognises, as soon as it is
+    matched (a rewrite changes the inputs of the patterns after it)."""
+    for node in list(gm.graph.nodes):
+        found = None if getattr(node, "_erased", False) else matcher(node)
+        if found is not None:
+            replace_with_call(gm, found.call, found.replaced, found.meta_from, found.erasable)
 
 
 def to_reference_representation(gm: GraphModule) -> GraphModule:
-    """Rewrite each quantized linear / conv1d / conv2d of a converted model into integer math.
+    """Rewrite the quantized ops of a converted model into integer math, one call per pattern.
 
-    A pattern ``dequantize_per_tensor(x_q)``, ``dequantize_per_tensor|channel(w_int8)``, optional
-    float bias → ``aten.linear|conv1d|conv2d`` → optional ``aten.relu`` → ``quantize_per_tensor``
-    becomes one call of :func:`quantized_linear`, :func:`quantized_conv1d` or
-    :func:`quantized_conv2d`, which returns the integer tensor the ``quantize_per_tensor`` node
-    produced, so the ``dequantize`` after it is untouched. Each call's ``node.meta[REPLACES]``
-    names the quantize node it replaced. Patterns that do not match (no output quantize, a float
-    or non-constant weight, dynamic quantization, an op output read elsewhere, per-channel
-    weights with ``axis != 0``) are left as they are; so is one whose int32 accumulator could
-    overflow, with a warning. Works in place and returns ``gm``.
+    In this order:
+
+    1. ``dequantize_per_tensor(x_q)``, ``dequantize_per_tensor|channel(w_int8)``, optional float
+       bias → ``aten.linear|conv1d|conv2d`` → optional ``aten.relu`` → ``quantize_per_tensor``
+       becomes one call of :func:`quantized_linear`, :func:`quantized_conv1d` or
+       :func:`quantized_conv2d`, which returns the integer tensor the ``quantize_per_tensor``
+       node produced;
+    2. a dynamically quantized linear (``choose_qparams`` → ``quantize_per_tensor.tensor`` →
+       ``dequantize_per_tensor.tensor``, an int8 weight, float output) becomes a call of
+       :func:`~qviz.engine.pt2e.passes.reference_ops.dynamic_quantized_linear`;
+    3. ``dq(x_q) + dq(y_q)`` → optional ``aten.relu`` → ``q`` becomes
+       :func:`~qviz.engine.pt2e.passes.reference_ops.quantized_add`;
+    4. ``dq(x_q)`` → ``aten.max_pool2d`` → ``q`` becomes
+       :func:`~qviz.engine.pt2e.passes.reference_ops.quantized_max_pool2d`;
+    5. every 8-bit quantize / dequantize op left (the model's input and output, the ops around
+       what stays in float) becomes its written-out function, e.g.
+       :func:`~qviz.engine.pt2e.passes.reference_ops.reference_quantize_per_tensor`, which
+       gives the same bits as the op.
+
+    Each call's ``node.meta[REPLACES]`` names the node whose value it computes (the output
+    quantize of a pattern, the float linear of a dynamic one, the q/dq op itself). Patterns
+    that do not match (no output quantize, a float or non-constant weight, an op output read
+    elsewhere, per-channel weights with ``axis != 0``) are left in float between written-out
+    q/dq; so is one whose int32 accumulator could overflow, with a warning. Works in place and
+    returns ``gm``.
 
     Args:
         gm: a model returned by :func:`qviz.convert_pt2e` (weights folded, the default).
@@ -548,7 +490,7 @@ def to_reference_representation(gm: GraphModule) -> GraphModule:
         >>> _ = qviz.calibrate(prepared, torch.randn(4, 1, 5, 5), progress=False)
         >>> reference = to_reference_representation(qviz.convert_pt2e(prepared))
         >>> [n.name for n in reference.graph.nodes if REPLACES in n.meta]
-        ['quantized_conv2d']
+        ['reference_quantize_per_tensor', 'quantized_conv2d', 'reference_dequantize_per_tensor']
         >>> reference(torch.randn(4, 1, 5, 5)).shape
         torch.Size([4, 2, 3, 3])
     """
@@ -557,18 +499,9 @@ def to_reference_representation(gm: GraphModule) -> GraphModule:
             f"to_reference_representation needs a torch.fx GraphModule from qviz.convert_pt2e, "
             f"got {type(gm).__name__}"
         )
-    matches = [m for m in map(_match, gm.graph.nodes) if m is not None]
-    for match in matches:
-        bound = _accumulator_bound(gm, match)
-        if bound > _INT32_MAX:
-            warnings.warn(
-                f"left {match.op.format_node()} in float: its int32 accumulator could reach "
-                f"{bound:,} > {_INT32_MAX:,}; use fewer input channels per output or 8-bit "
-                f"inputs with a smaller range",
-                stacklevel=2,
-            )
-            continue
-        _rewrite(gm, match)
+    _rewrite_linear_conv(gm)
+    for matcher in (_dynamic_linear(gm), add_rewrite, max_pool_rewrite, qdq_rewrite):
+        _rewrite_each(gm, matcher)
     gm.graph.lint()
     gm.recompile()
     return gm
