@@ -202,7 +202,7 @@ def _op_counts(model: Any, observers: set[str]) -> Counter:
 
 
 def _summary_section(model: Any, plan: Any, stage: str) -> str:
-    counts = _op_counts(model, {g.observer for g in plan.groups})
+    counts = _op_counts(model, plan.observer_names())
     shared = [g for g in plan.groups if len(g.members) > 1]
     stats = [
         ("stage", stage),

@@ -66,7 +66,7 @@ def stage_of(model: GraphModule) -> str:
     model of quant_nn layers).
     """
     plan = plan_of(model)
-    observers = {g.observer for g in plan.groups} if plan is not None else set()
+    observers = plan.observer_names() if plan is not None else set()
     for node in model.graph.nodes:
         if node.op == "call_module" and str(node.target) in observers:
             return "observed"
@@ -157,7 +157,7 @@ def _marker(
 
 
 def _observed(gm: GraphModule, plan: QuantPlan, show_params: bool) -> GraphView:
-    observers = {g.observer for g in plan.groups}
+    observers = plan.observer_names()
     floats = {f.node: f for f in plan.float_nodes}
     nodes: dict[str, ViewNode] = {}
     for node in gm.graph.nodes:

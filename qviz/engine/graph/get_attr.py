@@ -52,3 +52,37 @@ def register_new_buffer(module: nn.Module, prefix: str, value: Any) -> str:
         index += 1
     module.register_buffer(f"{prefix}{index}", value)
     return f"{prefix}{index}"
+
+
+def drop_unread_constants(gm: Any) -> None:
+    """Erase ``gm``'s unread ``get_attr`` nodes, then every parameter or buffer that no
+    ``get_attr`` reads any more and no called submodule owns (a folded BatchNorm's statistics,
+    float weights replaced by integer ones), so a state_dict holds what the graph computes with,
+    as torchao's prepare and convert leave it.
+
+    Example:
+        >>> import torch, qviz
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)).eval()
+        >>> gm = qviz.export(model, (torch.randn(1, 1, 5, 5),))
+        >>> conv, bn = [n for n in gm.graph.nodes if n.op == "call_function"]
+        >>> _ = bn.replace_all_uses_with(conv); gm.graph.erase_node(bn)
+        >>> drop_unread_constants(gm)
+        >>> sorted(gm.state_dict())
+        ['0.bias', '0.weight']
+    """
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            gm.graph.erase_node(node)
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    owners = read | called  # a loop body read whole, an observer called: their state stays
+    named = [
+        *gm.named_parameters(remove_duplicate=False),
+        *gm.named_buffers(remove_duplicate=False),
+    ]
+    for name, _ in named:
+        owner, _, attr = name.rpartition(".")
+        inside = any(name.startswith(f"{o}.") for o in owners)
+        if name not in read and not inside and hasattr(gm.get_submodule(owner), attr):
+            delattr(gm.get_submodule(owner), attr)

@@ -56,11 +56,15 @@ def _check_qscheme(owner: str, qscheme: Any, allowed: tuple[torch.qscheme, ...])
 
 
 class _RangeRecorder(ObserverBase):
-    """Registers the ``min_val``/``max_val`` buffers and records them in ``forward``."""
+    """Registers the ``min_val``/``max_val`` buffers and records them in ``forward``.
+
+    The range is for the views only (the qparams never read it), so it is not in the
+    ``state_dict``: these observers' saved state is torchao's (a fixed observer's scale and
+    zero_point, nothing for a derived one), and checkpoints load across."""
 
     def _register_range(self) -> None:
-        self.register_buffer("min_val", torch.tensor(float("inf")))
-        self.register_buffer("max_val", torch.tensor(float("-inf")))
+        self.register_buffer("min_val", torch.tensor(float("inf")), persistent=False)
+        self.register_buffer("max_val", torch.tensor(float("-inf")), persistent=False)
 
     @torch.no_grad()
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:

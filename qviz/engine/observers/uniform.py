@@ -149,6 +149,11 @@ class UniformQuantizationObserverBase(ObserverBase):
         (0, 127, False)
     """
 
+    #: torchao's (and torch.ao's) state_dict version of these observers: a checkpoint saved
+    #: from qviz then loads into theirs, which read version < 3 as the legacy per-channel
+    #: names ``min_vals`` / ``max_vals``.
+    _version = 3
+
     eps: torch.Tensor
     _QSCHEMES: ClassVar[tuple[torch.qscheme, ...]] = PER_TENSOR_QSCHEMES
 

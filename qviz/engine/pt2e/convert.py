@@ -39,7 +39,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
-from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.graph.get_attr import drop_unread_constants, get_attr_value
 from qviz.engine.graph.stage import Stage, is_observer, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.pt2e.annotations import rebind_annotations
@@ -77,7 +77,7 @@ def _observes(plan: QuantPlan | None, name: str) -> str:
     members = [
         ", ".join(str(m) for m in g.members)
         for g in (plan.groups if plan else ())
-        if g.observer == name
+        if name in g.calls
     ]
     return members[0] if members else "a tensor"
 
@@ -90,12 +90,20 @@ def _non_finite(value: object) -> bool:
     )
 
 
+def _distinct_observers(gm: GraphModule, nodes: list[Node]) -> dict[str, nn.Module]:
+    """Each observer module once, by the name of its first call in graph order (a shared
+    observer is called under one name per call, as torchao names them)."""
+    seen: dict[int, str] = {}
+    for node in nodes:
+        seen.setdefault(id(gm.get_submodule(str(node.target))), str(node.target))
+    return {name: gm.get_submodule(name) for name in seen.values()}
+
+
 def _check_ranges(gm: GraphModule, nodes: list[Node], plan: QuantPlan | None) -> None:
     """Refuse observers whose range holds NaN or Inf: their qparams would be NaN (a NaN bias,
     NaN outputs after convert)."""
     bad = []
-    for name in dict.fromkeys(str(n.target) for n in nodes):
-        obs = gm.get_submodule(name)
+    for name, obs in _distinct_observers(gm, nodes).items():
         if _saw_no_data(obs):  # (+inf, -inf): allow_uncalibrated's defaults, warned about
             continue
         inner = getattr(obs, "activation_post_process", obs)
@@ -132,8 +140,8 @@ def _check_batch_norm(gm: GraphModule) -> None:
 def _check_calibrated(
     gm: GraphModule, nodes: list[Node], plan: QuantPlan | None, allow_uncalibrated: bool
 ) -> None:
-    targets = dict.fromkeys(str(n.target) for n in nodes)  # graph order, each once
-    unseen = [t for t in targets if _saw_no_data(gm.get_submodule(t))]
+    observers = _distinct_observers(gm, nodes)  # graph order, each once
+    unseen = [name for name, obs in observers.items() if _saw_no_data(obs)]
     if not unseen:
         return
     lines = [f"  {name} (observes {_observes(plan, name)})" for name in unseen]
@@ -219,7 +227,9 @@ def convert_pt2e(
     if plan is not None:
         made = _made_by_observer(gm)
         by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
-        nodes_by_group = {g.group: made.get(g.observer, ()) for g in plan.groups}
+        nodes_by_group = {
+            g.group: tuple(n for name in g.calls for n in made.get(name, ())) for g in plan.groups
+        }
         set_plan(gm, plan.with_qparams(by_group, nodes_by_group))
     if use_reference_representation:
         from qviz.engine.pt2e.passes.reference_representation import to_reference_representation
@@ -252,7 +262,7 @@ def _replace_observers(
     port_metadata(gm)
     if fold_quantize:
         fold_quantized_constants(gm)
-    _drop_dead_constants(gm)
+    drop_unread_constants(gm)
     for name in {str(n.target) for n in nodes}:
         delattr(gm, name)
     gm.graph.lint()
@@ -308,22 +318,3 @@ def _made_by_observer(gm: GraphModule) -> dict[str, tuple[str, ...]]:
         if OBSERVER_KEY in node.meta:
             by_observer.setdefault(node.meta.pop(OBSERVER_KEY), []).append(node.name)
     return {name: tuple(made) for name, made in by_observer.items()}
-
-
-def _drop_dead_constants(gm: GraphModule) -> None:
-    """Erase unread get_attr nodes, then every parameter or buffer no get_attr reads any more
-    (float weights replaced by integer ones, folded BatchNorm statistics), so they are not saved."""
-    for node in list(gm.graph.nodes):
-        if node.op == "get_attr" and not node.users:
-            gm.graph.erase_node(node)
-    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
-    named = [
-        *gm.named_parameters(remove_duplicate=False),
-        *gm.named_buffers(remove_duplicate=False),
-    ]
-    for name, _ in named:
-        owner, _, attr = name.rpartition(".")
-        inside_called = any(name.startswith(f"{c}.") for c in called)
-        if name not in read and not inside_called and hasattr(gm.get_submodule(owner), attr):
-            delattr(gm.get_submodule(owner), attr)

@@ -161,6 +161,15 @@ class GroupRecord:
     #: After convert: the graph's nodes that execute this group (its quantize, each consumer's
     #: dequantize, stored integer weights), so views find them without matching arguments.
     nodes: tuple[str, ...] = ()
+    #: The further names the observer module is registered under, one per further call of it
+    #: (a tensor shared with another is observed by the same module under its own name, as
+    #: torchao numbers its calls: state_dicts load across).
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def calls(self) -> tuple[str, ...]:
+        """Every name the graph calls this group's observer by: ``observer``, then ``aliases``."""
+        return (self.observer, *self.aliases)
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,17 @@ class QuantPlan:
             'conv2d -> relu'
         """
         return _renamed(self, names) if names else self
+
+    def observer_names(self) -> set[str]:
+        """Every module name an observer call of this plan targets (aliases included).
+
+        Example:
+            >>> plan = QuantPlan((GroupRecord(0, "activation_post_process_0", TensorRef("x"),
+            ...     SpecSummary("observed"), (), aliases=("activation_post_process_2",)),), ())
+            >>> sorted(plan.observer_names())
+            ['activation_post_process_0', 'activation_post_process_2']
+        """
+        return {name for g in self.groups for name in g.calls}
 
     def group_of_node(self, name: str) -> GroupRecord | None:
         """The group a converted graph's quantize/dequantize node (or integer weight) executes."""
@@ -354,12 +374,13 @@ def build_plan(
     gm: GraphModule,
     sharing: Sharing,
     specs: dict[EdgeOrNode, QuantizationSpecBase],
-    observer_names: dict[int, str],
+    observer_names: dict[int, tuple[str, ...]],
     unfolded_bn: dict[str, str],
     unobserved: dict[EdgeOrNode, str] | None = None,
 ) -> QuantPlan:
     """Records of ``sharing`` on ``gm`` (pure: reads the graph, changes nothing).
 
+    ``observer_names`` gives each group's module names (the first, then its aliases);
     ``unobserved`` gives the members that get no observer call, each with the reason.
     """
     unobserved = unobserved or {}
@@ -377,7 +398,8 @@ def build_plan(
     groups = tuple(
         GroupRecord(
             group=g,
-            observer=observer_names[g],
+            observer=observer_names[g][0],
+            aliases=tuple(observer_names[g][1:]),
             owner=TensorRef.of(sharing.owner[g]),
             spec=SpecSummary.of(sharing.spec[g]),
             members=tuple(TensorRef.of(k) for k in members),

@@ -38,6 +38,7 @@ from torch.fx.node import map_arg
 
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
 from qviz.engine.graph.debug_handles import assign_handles
+from qviz.engine.graph.get_attr import drop_unread_constants
 from qviz.engine.graph.mutation import is_written_buffer_edge
 from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
@@ -119,15 +120,57 @@ def _make_observers(sharing: Sharing, is_qat: bool) -> dict[int, nn.Module]:
     return dict(sorted(by_group.items()))
 
 
-def _observe_edge(gm: GraphModule, consumer: Node, current: Node, target: str) -> None:
-    if current.op == "call_module" and current.target == target:
+class _Calls:
+    """Observer calls named as torchao names them: each inserted call gets the next free
+    ``activation_post_process_<n>``, in the order the calls are inserted (graph order; a node's
+    inputs in argument order, then its output), and a module called at several places (a
+    shared group) is registered under each of its calls' names. So a prepared model's
+    state_dict has the keys torchao's has, and checkpoints load either way."""
+
+    def __init__(self, gm: GraphModule) -> None:
+        self.gm = gm
+        self.names: dict[int, list[str]] = {}  # id(module) -> its names, in insertion order
+        self.made: dict[Node, Node] = {}  # inserted call -> the node it observes
+
+    def calls(self, node: object, obs: nn.Module) -> bool:
+        """Whether ``node`` is a call of the module ``obs``."""
+        return (
+            isinstance(node, Node)
+            and node.op == "call_module"
+            and self.gm.get_submodule(str(node.target)) is obs
+        )
+
+    def register(self, obs: nn.Module) -> str:
+        """Register ``obs`` under the next free name; the name."""
+        i = 0
+        while hasattr(self.gm, f"activation_post_process_{i}"):
+            i += 1
+        name = f"activation_post_process_{i}"
+        self.gm.add_submodule(name, obs)
+        self.names.setdefault(id(obs), []).append(name)
+        return name
+
+    def insert(self, after: Node, obs: nn.Module) -> Node:
+        """A new call of ``obs`` reading ``after``, right after it."""
+        name = self.register(obs)
+        with self.gm.graph.inserting_after(after):
+            call = self.gm.graph.call_module(name, (after,))
+        self.made[call] = after
+        return call
+
+    def original(self, node: Node) -> Node:
+        """The node an argument really is, past inserted observer calls."""
+        while node in self.made:
+            node = self.made[node]
+        return node
+
+
+def _observe_edge(calls: _Calls, consumer: Node, current: Node, obs: nn.Module) -> None:
+    if calls.calls(current, obs):
         return  # the producer's output observer is this group's: already observed
-    existing = next(
-        (u for u in current.users if u.op == "call_module" and u.target == target), None
-    )
+    existing = next((u for u in current.users if calls.calls(u, obs)), None)
     if existing is None:
-        with gm.graph.inserting_after(current):
-            existing = gm.graph.call_module(target, (current,))
+        existing = calls.insert(current, obs)
     out = out_arguments(consumer)  # ``out=`` is where the result goes: it stays the tensor
     consumer.args = map_arg(consumer.args, lambda n: existing if n is current else n)
     consumer.kwargs = {
@@ -136,46 +179,63 @@ def _observe_edge(gm: GraphModule, consumer: Node, current: Node, target: str) -
     }
 
 
-def _insert_observers(gm: GraphModule, key_to_name: dict[EdgeOrNode, str]) -> None:
+def _producers_in_order(calls: _Calls, node: Node, producers: list[Node]) -> list[Node]:
+    """``producers`` in the order ``node``'s arguments (then keyword arguments) read them."""
+    order: list[Node] = []
+
+    def visit(arg: Node) -> Node:
+        original = calls.original(arg)
+        if original in producers and original not in order:
+            order.append(original)
+        return arg
+
+    map_arg((node.args, node.kwargs), visit)
+    return order + [p for p in producers if p not in order]
+
+
+def _insert_observers(gm: GraphModule, key_to_obs: dict[EdgeOrNode, nn.Module]) -> _Calls:
+    calls = _Calls(gm)
     output_observer: dict[Node, Node] = {}
     for node in list(gm.graph.nodes):
         annotation = node.meta.get(Q_ANNOTATION_KEY)
         if annotation is None:
             continue
-        for producer in annotation.input_qspec_map:
-            if (producer, node) in key_to_name:
-                current = output_observer.get(producer, producer)
-                _observe_edge(gm, node, current, key_to_name[(producer, node)])
-        if node in key_to_name:
-            with gm.graph.inserting_after(node):
-                obs = gm.graph.call_module(key_to_name[node], (node,))
+        producers = [p for p in annotation.input_qspec_map if (p, node) in key_to_obs]
+        for producer in _producers_in_order(calls, node, producers):
+            current = output_observer.get(producer, producer)
+            _observe_edge(calls, node, current, key_to_obs[(producer, node)])
+        if node in key_to_obs:
+            obs = calls.insert(node, key_to_obs[node])
             node.replace_all_uses_with(obs, delete_user_cb=lambda user, obs=obs: user is not obs)
             output_observer[node] = obs
     gm.graph.lint()
     gm.recompile()
+    return calls
 
 
-def _register(
-    gm: GraphModule, sharing: Sharing, quantizer: Any, is_qat: bool
-) -> tuple[dict, dict[int, str]]:
-    """Create, let the quantizer adjust, and register the observers; name them per group."""
+def _observers(sharing: Sharing, quantizer: Any, gm: GraphModule, is_qat: bool) -> dict:
+    """Create the observers and let the quantizer adjust them: edge or node -> its module."""
     by_group = _make_observers(sharing, is_qat)
     key_to_obs = {k: by_group[m.group] for k, m in sharing.members.items()}
     callback = getattr(quantizer, "prepare_obs_or_fq_callback", None)
     if callback is not None:
         callback(gm, key_to_obs)
-    names: dict[int, str] = {}
-    key_to_name = {}
-    for key, obs in key_to_obs.items():
-        name = names.setdefault(id(obs), f"activation_post_process_{len(names)}")
-        if not hasattr(gm, name):
-            gm.add_submodule(name, obs)
-        key_to_name[key] = name
-    group_names = {g: key_to_name[sharing.owner[g]] for g in sharing.groups}
-    for g, name in group_names.items():  # what an observer's errors call it
-        observer = gm.get_submodule(name)
-        observer.qviz_label = f"{name} (observing {TensorRef.of(sharing.owner[g])})"
-    return key_to_name, group_names
+    return key_to_obs
+
+
+def _group_names(
+    calls: _Calls, sharing: Sharing, key_to_obs: dict[EdgeOrNode, nn.Module]
+) -> dict[int, tuple[str, ...]]:
+    """Each group's module names (the first call's, then the others'); a group that no call
+    reads (a written buffer's) is registered under a name of its own, for the plan."""
+    names: dict[int, tuple[str, ...]] = {}
+    for g in sharing.groups:
+        obs = key_to_obs[sharing.owner[g]]
+        if id(obs) not in calls.names:
+            calls.register(obs)
+        names[g] = tuple(calls.names[id(obs)])
+        obs.qviz_label = f"{names[g][0]} (observing {TensorRef.of(sharing.owner[g])})"
+    return names
 
 
 def prepare_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
@@ -236,13 +296,15 @@ def observe_annotated(
     """  # noqa: E501
     specs, implicit = collect_specs(gm)
     sharing = resolve_sharing(specs, implicit=implicit)
-    key_to_name, group_names = _register(gm, sharing, quantizer, is_qat)
+    key_to_obs = _observers(sharing, quantizer, gm, is_qat)
     unobserved = {
         key: _WRITTEN_BUFFER
-        for key in key_to_name
+        for key in key_to_obs
         if isinstance(key, tuple) and is_written_buffer_edge(gm, *key)
     }
-    _insert_observers(gm, {k: v for k, v in key_to_name.items() if k not in unobserved})
+    calls = _insert_observers(gm, {k: v for k, v in key_to_obs.items() if k not in unobserved})
+    group_names = _group_names(calls, sharing, key_to_obs)
+    drop_unread_constants(gm)  # a folded BatchNorm's state: the state_dict is torchao's
     return set_plan(gm, build_plan(gm, sharing, specs, group_names, unfolded, unobserved))
 
 

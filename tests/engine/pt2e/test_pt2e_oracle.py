@@ -287,3 +287,52 @@ def test_x86_inductor_quantizer_on_a_strict_export_bitwise():
     ref_q, ours_q = ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
     assert _qparams(ours_q) == _qparams(ref_q)
     assert torch.equal(ours_q(batches[1]), ref_q(batches[1]))
+
+
+def _prepared_both(model: nn.Module, batches: list, own: bool, per_channel: bool):
+    """torchao's and qviz's prepared models, calibrated on ``batches``; qviz's with torchao's
+    quantizer or (``own``) its own XNNPACKQuantizer and observers."""
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(model.eval(), (batches[0],))
+    ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel=per_channel))
+    config = get_symmetric_quantization_config(is_per_channel=per_channel)
+    quantizer = XNNPACKQuantizer().set_global(config) if own else _ref_quantizer(
+        is_per_channel=per_channel
+    )
+    ours = qviz.prepare_pt2e(gm, quantizer)
+    for b in batches:
+        ref(b)
+    qviz.calibrate(ours, batches, progress=False)
+    return gm, ref, ours, quantizer
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+@pytest.mark.parametrize(
+    ("make", "own"),
+    [("digits", False), ("digits", True), ("toy", False)],
+    ids=["digits-torchao_quantizer", "digits-qviz_quantizer", "toy-torchao_quantizer"],
+)
+def test_observers_are_named_as_torchao_and_state_dicts_load_both_ways(make, per_channel, own):
+    """Each observer call is ``activation_post_process_<n>`` in torchao's order, and a shared
+    observer is registered under each call's name, as torchao does: the calibrated state_dicts
+    have the same keys and values, and each loads into the other's fresh prepared model, which
+    then converts to the same model. (qviz's own quantizer also annotates the toy's cat and
+    max_pool2d, which torchao's leaves in float: there the models differ by design.)"""
+    if make == "digits":
+        model, batches = digits_model(), [b[0] for b in digits_loaders(batch_size=36).calibration]
+    else:
+        model, batches = Toy(), _toy_batches()
+    gm, ref, ours, quantizer = _prepared_both(model, batches, own, per_channel)
+    ref_state, our_state = ref.state_dict(), ours.state_dict()
+    assert sorted(ref_state) == sorted(our_state)
+    for key, value in ref_state.items():
+        assert torch.equal(value, our_state[key]), key
+    fresh_ours = qviz.prepare_pt2e(gm, quantizer)
+    fresh_ours.load_state_dict(ref_state)  # torchao's checkpoint into qviz
+    fresh_ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel=per_channel))
+    fresh_ref.load_state_dict(our_state)  # and qviz's into torchao
+    ref_q, ours_q = ref_pt2e.convert_pt2e(fresh_ref), qviz.convert_pt2e(fresh_ours)
+    assert _qparams(ours_q) == _qparams(ref_q) == _qparams(qviz.convert_pt2e(ours))
+    for x in batches[:2]:
+        assert torch.equal(ours_q(x), ref_q(x))

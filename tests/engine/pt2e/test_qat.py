@@ -139,14 +139,16 @@ def _both(model: nn.Module, batches: list, targets=None, *, is_per_channel=False
     return ref, ours, ref_out, our_out
 
 
-def _assert_same_training(ref, ours, ref_out, our_out, skip: str = "activation_post_process_"):
+def _assert_same_training(ref, ours, ref_out, our_out, skip: str = "\0"):
     for step, (a, b) in enumerate(zip(ref_out, our_out, strict=True)):
         assert torch.equal(a, b), f"forward output after {step} SGD steps"
     ref_state, our_state = ref.state_dict(), ours.state_dict()
-    for key in ref_state:  # parameters and BatchNorm statistics
-        if not key.startswith("activation_post_process_") and skip not in key:
+    # the fake-quantize modules have torchao's names (a shared one under each call's name), so
+    # the two state_dicts have the same keys and a checkpoint loads either way
+    assert sorted(ref_state) == sorted(our_state)
+    for key in ref_state:  # parameters, BatchNorm statistics, fake-quantize state
+        if skip not in key:
             assert torch.equal(ref_state[key], our_state[key]), key
-    # fake-quantize modules are numbered in another order: compare their states as a multiset
     assert sorted(_fake_quant_states(ref)) == sorted(_fake_quant_states(ours))
 
 
@@ -207,8 +209,18 @@ def _batches(n: int, shape=(4, 3, 8, 8), seed: int = 0) -> list[torch.Tensor]:
 def test_toys_train_and_convert_as_torchao(make, is_per_channel) -> None:
     torch.manual_seed(0)
     batches = _batches(4)
-    ref, ours, ref_out, our_out = _both(make(), batches, is_per_channel=is_per_channel)
+    model = make()
+    ref, ours, ref_out, our_out = _both(model, batches, is_per_channel=is_per_channel)
     _assert_same_training(ref, ours, ref_out, our_out)
+    # a trained checkpoint of either library loads (strict) into the other's freshly prepared
+    # model, which then computes as the trained one
+    gm = qviz.export(model.train(), (batches[0],))
+    fresh_ref = ref_pt2e.prepare_qat_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel))
+    fresh_ours = qviz.prepare_qat_pt2e(gm, _our_quantizer(is_per_channel))
+    fresh_ours.load_state_dict(ref.state_dict())
+    fresh_ref.load_state_dict(ours.state_dict())
+    for trained, fresh in ((ref, fresh_ours), (ours, fresh_ref)):
+        assert torch.equal(trained(batches[1]), fresh(batches[1]))
     _assert_same_conversion(ref, ours, batches)
 
 

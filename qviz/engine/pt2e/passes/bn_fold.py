@@ -77,14 +77,9 @@ def _set_param(gm: GraphModule, target: str, value: torch.Tensor) -> None:
     module.register_parameter(name, torch.nn.Parameter(value.detach(), requires_grad=False))
 
 
-def _bias_target(gm: GraphModule, weight: str) -> str:
-    """Where a folded conv without bias keeps its new bias: ``stem.0.bias`` beside
-    ``stem.0.weight`` when that name is free, else ``stem.0.weight_bias``."""
-    owner, _, name = weight.rpartition(".")
-    if name == "weight":
-        module = gm.get_submodule(owner)
-        if getattr(module, "bias", None) is None and "bias" not in module._modules:
-            return f"{owner}.bias" if owner else "bias"
+def _bias_target(weight: str) -> str:
+    """Where a folded conv without bias keeps its new bias: ``stem.0.weight_bias``, as torchao
+    names it (so a prepared model's state_dict loads into torchao's and back)."""
     return f"{weight}_bias"
 
 
@@ -180,7 +175,7 @@ def fold_conv_bn_pair(gm: GraphModule, conv: Node, bn: Node) -> None:
     fused_w, fused_b = fused_conv_bn_params(gm, conv, bn)
     _set_param(gm, str(weight_node.target), fused_w)
     if bias_node is None:
-        target = _bias_target(gm, str(weight_node.target))
+        target = _bias_target(str(weight_node.target))
         _set_param(gm, target, fused_b)
         with gm.graph.inserting_before(conv):
             bias_node = gm.graph.get_attr(target)
