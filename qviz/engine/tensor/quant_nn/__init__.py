@@ -5,7 +5,9 @@ keyword-only ``quant_desc_input=`` (and ``quant_desc_weight=`` for weighted laye
 ``_input_quantizer`` (and ``_weight_quantizer``) :class:`TensorQuantizer` submodules, loads the
 float layer's ``state_dict`` unchanged, and is built from a float layer with
 ``from_float(layer)``. The short names (``quant_nn.Conv2d``) are the source document's aliases;
-``QUANT_MODULES`` maps each ``torch.nn`` class to its quantized class, read-only.
+``QUANT_MODULES`` maps each ``torch.nn`` class to its quantized class, read-only. A foreign
+linear layer with an ``[in, out]`` weight (transformers' ``Conv1D``) gets its quantized class
+from ``quant_transposed_linear(Conv1D)``.
 
 Calibration, as in the source document: put every quantizer in calibration mode, run data,
 load the amax, quantize.
@@ -55,6 +57,10 @@ from qviz.engine.tensor.quant_nn.pooling import (
     QuantMaxPool3d,
 )
 from qviz.engine.tensor.quant_nn.rnn import QuantLSTM
+from qviz.engine.tensor.quant_nn.transposed_linear import (
+    QuantTransposedLinearMixin,
+    quant_transposed_linear,
+)
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 
 __all__ = [
@@ -96,7 +102,9 @@ __all__ = [
     "QuantMaxPool2d",
     "QuantMaxPool3d",
     "QuantMixin",
+    "QuantTransposedLinearMixin",
     "TensorQuantizer",
+    "quant_transposed_linear",
 ]
 
 # the source document's short names
