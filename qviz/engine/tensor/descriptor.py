@@ -22,16 +22,48 @@ from qviz.engine.tensor.calib.base import CalibMethod, normalize_axis
 from qviz.errors import ConfigError
 
 
-def _amax_tensor(amax) -> torch.Tensor | None:
-    if amax is None:
-        return None
+def check_amax(amax: object, where: str, fix: str) -> torch.Tensor:
+    """``amax`` as a detached float32 copy, refused unless every value is finite and >= 0.
+
+    The one check of amax values: a descriptor's ``amax=``, the ``TensorQuantizer.amax``
+    setter, ``load_calib_amax`` and ``load_state_dict`` all call it, so a NaN or negative amax
+    is refused where it is set, naming ``where`` and ``fix``, not at the first forward.
+
+    Args:
+        amax: a number, a sequence or a tensor.
+        where: what the message names (``"TensorQuantizer 'conv1._weight_quantizer'"``).
+        fix: what the message tells the user to do.
+
+    Raises:
+        ConfigError: ``amax`` is not numeric, or holds NaN, Inf or a negative value.
+
+    Example:
+        >>> check_amax([0.5, 2], "QuantDescriptor", "pass amax >= 0")
+        tensor([0.5000, 2.0000])
+        >>> check_amax([1.0, -1.0], "QuantDescriptor", "pass amax >= 0")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: QuantDescriptor: amax must be finite and >= 0, got [-1.0] among ...
+    """
     try:
         value = torch.as_tensor(amax, dtype=torch.float32).detach().clone()
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"amax must be a number, a sequence or a tensor, got {amax!r}") from exc
-    if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
-        raise ConfigError(f"amax must be finite and >= 0, got {value.flatten()[:8].tolist()}")
+        raise ConfigError(
+            f"{where}: amax must be a number, a sequence or a tensor, got {amax!r:.80}; {fix}"
+        ) from exc
+    bad = ~torch.isfinite(value) | (value < 0)
+    if bool(bad.any()):
+        raise ConfigError(
+            f"{where}: amax must be finite and >= 0, got {value[bad].flatten()[:8].tolist()}"
+            f"{f' among {value.numel()} values' if value.numel() > 1 else ''}; {fix}"
+        )
     return value
+
+
+def _amax_tensor(amax) -> torch.Tensor | None:
+    if amax is None:
+        return None
+    return check_amax(amax, "QuantDescriptor", "pass a finite amax >= 0, or None to calibrate")
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,15 +107,32 @@ class QuantDescriptor:
     skip_nonfinite: bool = False
 
     def __post_init__(self) -> None:
+        for flag in ("fake_quant", "unsigned", "narrow_range", "skip_nonfinite"):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ConfigError(
+                    f"QuantDescriptor: {flag} must be True or False, got {value!r:.40} "
+                    f"({type(value).__name__}): pass a bool, e.g. {flag}=True"
+                )
         validate_num_bits(self.num_bits, unsigned=self.unsigned)
         object.__setattr__(self, "axis", normalize_axis(self.axis))
         object.__setattr__(self, "amax", _amax_tensor(self.amax))
         if self.calib_method != "histogram":
             object.__setattr__(self, "calib_method", CalibMethod.parse(self.calib_method).value)
         if self.scale_amax is not None and not (
-            isinstance(self.scale_amax, int | float) and self.scale_amax > 0
+            isinstance(self.scale_amax, int | float)
+            and not isinstance(self.scale_amax, bool)
+            and 0 < self.scale_amax < float("inf")
         ):
-            raise ConfigError(f"scale_amax must be a positive number, got {self.scale_amax!r}")
+            raise ConfigError(
+                f"scale_amax must be a finite positive number (or None), got {self.scale_amax!r}"
+            )
+        if (
+            isinstance(self.num_bins, bool)
+            or not isinstance(self.num_bins, int)
+            or self.num_bins < 2
+        ):
+            raise ConfigError(f"num_bins must be an int >= 2, got {self.num_bins!r}")
         if self.name is not None and not isinstance(self.name, str):
             raise ConfigError(f"name must be a string, got {self.name!r}")
 

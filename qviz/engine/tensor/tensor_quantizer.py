@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -23,17 +24,52 @@ from torch import nn
 
 from qviz.engine.compat import traced_meta
 from qviz.engine.tensor.calib import CalibMethod, Calibrator, HistogramCalibrator, MaxCalibrator
-from qviz.engine.tensor.descriptor import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor, short_amax
+from qviz.engine.tensor.descriptor import (
+    QUANT_DESC_8BIT_PER_TENSOR,
+    QuantDescriptor,
+    check_amax,
+    short_amax,
+)
 from qviz.engine.tensor.fake_quant import (
     FakeTensorQuantFunction,
     TensorQuantFunction,
     torch_fake_quant,
 )
-from qviz.errors import ConfigError, QvizError
+from qviz.errors import ConfigError, QuantizationError, QvizError
 
 #: Under ``torch.export`` every node a quantizing TensorQuantizer becomes carries
 #: ``node.meta["custom"][EXPORT_META_KEY]``: its :meth:`TensorQuantizer.facts`.
 EXPORT_META_KEY = "qviz_tensor_quantizer"
+
+
+def _fitting_axis(shape: tuple[int, ...]) -> str:
+    """The ``axis=`` a quantizer needs for an amax of ``shape`` (its dims longer than 1)."""
+    kept = tuple(d for d, n in enumerate(shape) if n > 1)
+    return "None" if not kept else str(kept[0]) if len(kept) == 1 else str(kept)
+
+
+def _amax_shape_problem(amax: torch.Tensor, axis: tuple[int, ...] | None) -> str | None:
+    """Why ``amax`` does not fit a quantizer with ``axis`` (None: it fits).
+
+    Per tensor, amax is one value (any shape of one element). Per channel, it is shaped to
+    broadcast against the input, as a calibrator computes it (``(C, 1, 1, 1)`` for ``axis=0``
+    on a conv weight): the kept axes exist and every other dim is 1; a 0-d amax (one value
+    for every channel) fits as well.
+    """
+    shape = tuple(amax.shape)
+    if axis is None:
+        if amax.numel() == 1:
+            return None
+        return f"one value, got {amax.numel()} values of shape {shape}"
+    if amax.dim() == 0:
+        return None
+    expected = f"one amax per index of axis {axis}, shaped to broadcast (e.g. (C, 1, 1, 1))"
+    if any(not -amax.dim() <= a < amax.dim() for a in axis):
+        return f"{expected}, got shape {shape}, which has no axis {axis}"
+    keep = {a % amax.dim() for a in axis}
+    if any(n != 1 for d, n in enumerate(shape) if d not in keep):
+        return f"{expected}, got shape {shape}, which is longer than 1 on other axes"
+    return None
 
 
 def _make_calibrator(desc: QuantDescriptor) -> Calibrator:
@@ -99,7 +135,10 @@ class TensorQuantizer(nn.Module):
         self._scale: torch.Tensor | None = None
         self._amax_method: str | None = None
         self._calibrator = _make_calibrator(quant_desc)
-        amax = None if quant_desc.amax is None else quant_desc.amax.clone()
+        amax = None
+        if quant_desc.amax is not None:
+            fix = "give the descriptor an amax shaped for its axis, or amax=None to calibrate"
+            amax = self._checked_amax(quant_desc.amax, self._label(), fix)
         self.register_buffer("_amax", amax)
 
     # -- descriptor views -----------------------------------------------------------------------
@@ -147,18 +186,33 @@ class TensorQuantizer(nn.Module):
 
     @amax.setter
     def amax(self, value: float | torch.Tensor | None) -> None:
-        self._amax_method = None
         if value is None:
+            self._amax_method = None
             self._amax = None
             return
-        value = torch.as_tensor(value, dtype=torch.float32).detach().clone()
-        if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
-            raise ConfigError(
-                f"{self._label()}: amax must be finite and >= 0, got {short_amax(value)}"
-            )
+        fix = "set a finite amax >= 0 shaped for the axis, or None to compute it from each input"
+        value = self._checked_amax(value, self._label(), fix)
         if self._amax is not None:
             value = value.to(self._amax.device)
+        self._amax_method = None
         self._amax = value
+
+    def _checked_amax(self, value: object, where: str, fix: str) -> torch.Tensor:
+        """``value`` as an amax for this quantizer: finite, >= 0 and fitting its axis setting.
+
+        The one check every way of setting amax goes through (the setter, ``load_calib_amax``,
+        ``load_state_dict``).
+        """
+        amax = check_amax(value, where, fix)
+        problem = _amax_shape_problem(amax, self.axis)
+        if problem is not None:
+            setting = "per-tensor (axis=None)" if self.axis is None else f"axis={self.axis}"
+            raise ConfigError(
+                f"{where} is {setting}, so its amax must be {problem}; build the quantizer "
+                f"with QuantDescriptor(axis={_fitting_axis(tuple(amax.shape))}, ...) to match it, "
+                f"or {fix}"
+            )
+        return amax
 
     def load_calib_amax(self, method: CalibMethod | str | None = None, **kwargs) -> None:
         """Compute amax from what the calibrator collected and load it.
@@ -179,6 +233,7 @@ class TensorQuantizer(nn.Module):
                 f"default "
                 f"amax method: call load_calib_amax(method=...) with one of {valid}"
             )
+        self._check_method_options(method, kwargs)
         try:
             self.amax = self._calibrator.compute_amax(method, **kwargs)
         except QvizError as exc:
@@ -187,6 +242,19 @@ class TensorQuantizer(nn.Module):
         if chosen == CalibMethod.PERCENTILE.value and "percentile" in kwargs:
             chosen = f"{chosen} {float(kwargs['percentile']):g}"
         self._amax_method = chosen
+
+    def _check_method_options(self, method: CalibMethod | str, kwargs: dict) -> None:
+        """Refuse options the calibrator's ``compute_amax`` does not take, naming those it does."""
+        signature = inspect.signature(self._calibrator.compute_amax)
+        try:
+            signature.bind(method, **kwargs)
+        except TypeError:
+            options = [p for p in signature.parameters if p != "method"]
+            raise ConfigError(
+                f"{self._label()}: load_calib_amax got options {sorted(kwargs)}, but its "
+                f"{type(self._calibrator).__name__} takes {options or 'none'}: pass only those "
+                f"(e.g. percentile=99.9 with method='percentile')"
+            ) from None
 
     def set_calib_method(self, method: CalibMethod | str) -> None:
         """Collect for ``method`` from now on: a max-only quantizer gets a HistogramCalibrator
@@ -249,9 +317,36 @@ class TensorQuantizer(nn.Module):
         }  # fmt: skip
 
     # -- forward --------------------------------------------------------------------------------
+    def _check_input(self, inputs: torch.Tensor) -> None:
+        """The input has the axes this quantizer keeps, and its loaded amax has the input's
+        dims (a per-channel amax of another rank would broadcast along the wrong axes)."""
+        dims = inputs.dim()
+        bad = [a for a in self.axis or () if not -dims <= a < dims]
+        if bad:
+            raise ConfigError(
+                f"axis={self.axis}, but the input has {dims} dims {tuple(inputs.shape)}: "
+                f"describe the quantizer with axes in range(-{dims}, {dims}) "
+                f"(QuantDescriptor(axis=...))"
+            )
+        amax = self._amax
+        if amax is not None and self.axis is not None and amax.dim() not in (0, dims):
+            raise QuantizationError(
+                f"amax of shape {tuple(amax.shape)} has {amax.dim()} dims, the input "
+                f"{tuple(inputs.shape)} has {dims}: a per-channel amax has the input's dims, size "
+                f"1 on the reduced ones; recalibrate, or set amax shaped for this input"
+            )
+        if amax is None and inputs.numel() == 0 and not torch.compiler.is_exporting():
+            raise QuantizationError(
+                f"got an empty tensor of shape {tuple(inputs.shape)}, which has no values to "
+                f"compute a dynamic amax from: load an amax (calibrate, or give the descriptor "
+                f"amax=), or skip empty batches"
+            )
+
     def _current_amax(self, inputs: torch.Tensor) -> torch.Tensor:
+        self._check_input(inputs)
         if self._amax is not None:
-            amax = self._amax
+            # one value per tensor: 0-d, so a (1, 1, 1, 1) checkpoint amax adds no dims
+            amax = self._amax.reshape(()) if self.axis is None else self._amax
         elif self.axis is None:
             amax = inputs.detach().abs().amax().float()
         else:
@@ -303,11 +398,38 @@ class TensorQuantizer(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "_amax"
-        if key in state_dict and self._amax is None:  # a calibrated checkpoint into a fresh module
-            self._amax = torch.empty_like(state_dict[key])
-        if key in state_dict:  # the checkpoint does not say which method picked it
-            self._amax_method = None
+        if key in state_dict and state_dict[key] is not None:
+            saved = self._check_saved_amax(state_dict[key], prefix)
+            if self._amax is None:  # a calibrated checkpoint into a fresh module
+                self._amax = torch.empty_like(saved, dtype=torch.float32)
+            elif self._amax.shape != saved.shape:  # one value either way
+                self._amax = torch.empty_like(self._amax).reshape(saved.shape)
+            self._amax_method = None  # the checkpoint does not say which method picked it
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _check_saved_amax(self, saved: object, prefix: str) -> torch.Tensor:
+        """Refuse, before anything is copied, a saved amax this quantizer cannot hold."""
+        where = f"TensorQuantizer {prefix[:-1]!r}" if prefix else self._label()
+        key = prefix + "_amax"
+        fix = (
+            "recalibrate (calibrate_quantizers / load_calib_amax) or load a checkpoint of a "
+            "quantizer built with the same QuantDescriptor"
+        )
+        if not isinstance(saved, torch.Tensor):
+            raise ConfigError(
+                f"{where}: checkpoint key {key!r} holds a {type(saved).__name__}, not a tensor; "
+                f"{fix}"
+            )
+        amax = self._checked_amax(saved, f"{where} (checkpoint key {key!r})", fix)
+        if self._amax is None or amax.shape == self._amax.shape:
+            return saved
+        if amax.numel() == self._amax.numel() == 1:
+            return saved
+        raise ConfigError(
+            f"{where}: the checkpoint's amax has shape {tuple(amax.shape)}, this quantizer's "
+            f"{tuple(self._amax.shape)} (calibrated for another channel count): load it into a "
+            f"layer of the checkpoint's size, or reset the amax first (quantizer.amax = None)"
+        )
 
     def extra_repr(self) -> str:
         if self._disabled:

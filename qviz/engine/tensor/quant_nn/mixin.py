@@ -192,6 +192,42 @@ class QuantInputMixin:
             if isinstance(quantizer, TensorQuantizer) and params:
                 quantizer.to(next(iter(params.values())).device)
 
+    # -- loading a checkpoint -------------------------------------------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self._check_saved_shapes(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _check_saved_shapes(self, state_dict: dict, prefix: str) -> None:
+        """Refuse a saved parameter or buffer of another shape than the layer's own, naming
+        the layer, the parameter, both shapes and the fix (torch says only "size mismatch");
+        missing and unexpected keys stay torch's (``strict``) business."""
+        own = dict(self._parameters)
+        own.update(
+            (n, b) for n, b in self._buffers.items() if n not in self._non_persistent_buffers_set
+        )
+        for name, current in own.items():
+            saved = state_dict.get(prefix + name)
+            if (
+                current is None
+                or not isinstance(saved, torch.Tensor)
+                or saved.shape == current.shape
+                or nn.parameter.is_lazy(current)
+                or (current.dim() == 0 and saved.dim() == 1)  # torch's legacy 1-d scalars
+            ):
+                continue
+            where = f"{type(self).__name__} {prefix[:-1]!r}" if prefix else type(self).__name__
+            built = ", ".join(
+                f"{arg}={getattr(self, arg)!r}"
+                for arg in self._init_args
+                if arg.endswith(("channels", "features", "size"))
+            )
+            raise ConfigError(
+                f"{where}: the checkpoint's {name!r} has shape {tuple(saved.shape)}, this "
+                f"layer's {tuple(current.shape)}: the layer was built with "
+                f"{built or 'other sizes'}; build it with the checkpoint's sizes, or leave "
+                f"{prefix + name!r} out of the state_dict (strict=False)"
+            )
+
 
 class QuantMixin(QuantInputMixin):
     """Quantize the input and the weight of a ``torch.nn`` layer (``_weight_quantizer`` too).
