@@ -250,8 +250,9 @@ class BackendPatternConfig:
         return self
 
     def set_dtype_configs(self, dtype_configs: Iterable[DTypeConfig]) -> BackendPatternConfig:
-        """Replace the dtype combinations."""
-        self.dtype_configs = [DTypeConfig.of(c) for c in dtype_configs]
+        """Replace the dtype combinations (a list; one config: ``set_dtype_configs([c])``)."""
+        items = _a_list(dtype_configs, "set_dtype_configs", "DTypeConfig", "add_dtype_config")
+        self.dtype_configs = [DTypeConfig.of(c) for c in items]
         return self
 
     def _set_module(self, attr: str, module: Any) -> BackendPatternConfig:
@@ -352,7 +353,14 @@ class BackendConfig:
         return self
 
     def set_backend_pattern_configs(self, configs: Iterable[BackendPatternConfig]) -> BackendConfig:
-        for config in configs:
+        """Add each of ``configs`` (a list), as :meth:`set_backend_pattern_config` does."""
+        items = _a_list(
+            configs,
+            "set_backend_pattern_configs",
+            "BackendPatternConfig",
+            "set_backend_pattern_config",
+        )
+        for config in items:
             self.set_backend_pattern_config(config)
         return self
 
@@ -447,4 +455,20 @@ def _not_a_backend_config(value: Any, where: str) -> str:
     return (
         f"{head}; pass qviz's BackendConfig('name').set_backend_pattern_config(...) or one of "
         f"torch.ao's ({_SHIPPED}), read by BackendConfig.of"
+    )
+
+
+def _a_list(value: Any, where: str, item: str, single: str) -> list[Any]:
+    """``value`` as a list, or the ConfigError saying to pass one (a single ``item`` is the
+    mistake this catches: torch.ao then fails deep inside with "not iterable").
+
+    Example:
+        >>> _a_list(("a",), "set_dtype_configs", "DTypeConfig", "add_dtype_config")
+        ['a']
+    """
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise ConfigError(
+        f"{where}({value!r}): pass a list of {item}s, e.g. {where}([config]); to add one "
+        f"{item} use {single}(config)"
     )

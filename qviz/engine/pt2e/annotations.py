@@ -93,7 +93,49 @@ def collect_specs(
                 specs[(producer, node)] = spec
         if annotation.output_qspec is not None:
             specs[node] = annotation.output_qspec
+    for key, spec in specs.items():
+        _check_channel_axis(key, spec)
     return specs, lambda node: implicit.get(node, True)
+
+
+_PER_CHANNEL = ("per_channel_affine", "per_channel_symmetric", "per_channel_affine_float_qparams")
+
+
+def _reads_an_input(node: Node) -> bool:
+    """Whether ``node``'s value is computed from a graph input (an activation), not only from
+    parameters and constants."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n.op == "placeholder":
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return False
+
+
+def _check_channel_axis(key: EdgeOrNode, spec: QuantizationSpecBase) -> None:
+    """A per-channel spec on an activation's axis 0 (its batch axis) would give each sample
+    its own scale, fixed at the calibration batch size: the converted model fails on any other
+    batch. Refused, with the axis to use instead."""
+    qscheme = str(getattr(spec, "qscheme", "")).replace("torch.", "")
+    tensor = key[0] if isinstance(key, tuple) else key
+    if qscheme not in _PER_CHANNEL or not _reads_an_input(tensor):
+        return
+    value = tensor.meta.get("val")
+    ndim = getattr(value, "ndim", None)
+    axis = getattr(spec, "ch_axis", None)
+    if axis is None or ndim is None or axis % max(ndim, 1) != 0:
+        return
+    where = f"{key[0].name} -> {key[1].name}" if isinstance(key, tuple) else tensor.name
+    raise AnnotationError(
+        f"{where}: a per-channel spec ({qscheme}, ch_axis={axis}) on an activation's axis 0, "
+        f"its batch axis (shape {list(value.shape)}): every sample would get its own scale, "
+        f"fixed at the calibration batch size, and the converted model would fail on any other "
+        f"batch; quantize activations per tensor, or per channel along the channel axis "
+        f"(ch_axis=1 for NCHW)"
+    )
 
 
 def _rebind_key(key: Any, nodes: dict[str, Node]) -> Any:

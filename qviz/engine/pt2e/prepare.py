@@ -43,8 +43,9 @@ from qviz.engine.graph.mutation import is_written_buffer_edge
 from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.pt2e.annotations import collect_specs, out_arguments
+from qviz.engine.pt2e.legacy_state import record_legacy_names
 from qviz.engine.pt2e.passes.bn_fold import fold_batch_norm
-from qviz.engine.pt2e.plan import TensorRef, build_plan, require_plan, set_plan
+from qviz.engine.pt2e.plan import TensorRef, build_plan, plan_of, require_plan, set_plan
 from qviz.engine.pt2e.sharing import Sharing, describe, resolve_sharing
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
@@ -304,8 +305,11 @@ def observe_annotated(
     }
     calls = _insert_observers(gm, {k: v for k, v in key_to_obs.items() if k not in unobserved})
     group_names = _group_names(calls, sharing, key_to_obs)
+    before = set(gm.state_dict())
     drop_unread_constants(gm)  # a folded BatchNorm's state: the state_dict is torchao's
-    return set_plan(gm, build_plan(gm, sharing, specs, group_names, unfolded, unobserved))
+    plan = build_plan(gm, sharing, specs, group_names, unfolded, unobserved)
+    record_legacy_names(gm, plan, sorted(before - set(gm.state_dict())))
+    return set_plan(gm, plan)
 
 
 def check_inputs(model: Any, quantizer: Any, where: str) -> None:
@@ -331,6 +335,13 @@ def check_inputs(model: Any, quantizer: Any, where: str) -> None:
             f"graph module you gave qviz.{prepare} (what qviz.export returned), not its result; "
             f"to change the quantization of a prepared model, prepare that float graph again with "
             f"the new quantizer"
+        )
+    if model_stage(model) is Stage.CONVERTED and plan_of(model) is not None:
+        # convert_pt2e's own result (a model exported around a converted block has no plan)
+        raise ConfigError(
+            f"{where} got a model that is already converted (it has quantize/dequantize ops): "
+            f"pass the float graph module qviz.export returned; to quantize it another way, "
+            f"prepare that float graph again with the new quantizer"
         )
     for method in ("annotate", "validate"):
         if not callable(getattr(quantizer, method, None)):

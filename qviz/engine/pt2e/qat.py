@@ -41,11 +41,14 @@ from torch.fx import GraphModule
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
 from qviz.engine.graph.debug_handles import assign_handles
 from qviz.engine.graph.train_eval import disallow_train_eval
+from qviz.engine.observers.fake_quantize import is_fake_quantize
 from qviz.engine.pt2e.annotations import collect_specs
+from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES
 from qviz.engine.pt2e.passes.qat_conv_bn import fuse_conv_bn_for_qat
 from qviz.engine.pt2e.plan import require_plan, set_plan
 from qviz.engine.pt2e.prepare import check_inputs, observe_annotated
 from qviz.engine.pt2e.qat_undo import ForwardUndo
+from qviz.errors import ConfigError
 
 
 def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
@@ -89,6 +92,7 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     collect_specs(gm)  # the quantizer's annotation classes become qviz's, in place
     fuse_conv_bn_for_qat(gm)  # after annotating: the new ops are not quantized
     observe_annotated(gm, quantizer, {}, is_qat=True)
+    _check_fake_quantized(gm, quantizer)
     paths = [path for _, path in loop_bodies(gm)]
     for path in paths:
         replace_submodule(gm, path, prepare_qat_pt2e(gm.get_submodule(path), quantizer))
@@ -96,3 +100,28 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     set_plan(gm, plan)
     ForwardUndo.attach(gm)  # a forward that raises leaves every buffer as it was
     return disallow_train_eval(gm)
+
+
+def _check_fake_quantized(gm: GraphModule, quantizer: Any) -> None:
+    """Refuse specs that build observers where QAT needs fake quantizers: with an observer the
+    forward stays float, and the model would "train for quantization" without ever seeing it.
+    (Float dtypes, dynamic placeholders, fixed and derived qparams are not trained ranges.)"""
+    plain = []
+    for g in require_plan(gm).groups:
+        module = gm.get_submodule(g.observer)
+        if g.spec.kind != "observed" or is_fake_quantize(module) or g.spec.is_dynamic:
+            continue
+        if getattr(module, "dtype", None) in FLOAT_DTYPES:
+            continue
+        members = ", ".join(str(m) for m in g.members[:2])
+        plain.append(f"  {g.observer}: {type(module).__name__} observing {members}")
+    if plain:
+        raise ConfigError(
+            f"prepare_qat_pt2e: {type(quantizer).__name__}'s specs build {len(plain)} "
+            f"observer(s), not fake quantizers, so training would never see quantization:\n"
+            + "\n".join(plain)
+            + "\nuse a QAT config, e.g. XNNPACKQuantizer().set_global("
+            "get_symmetric_quantization_config(is_qat=True)), or specs whose "
+            "observer_or_fake_quant_ctr is a FakeQuantize; for post-training quantization use "
+            "qviz.prepare_pt2e on a model exported in eval mode"
+        )

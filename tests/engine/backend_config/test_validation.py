@@ -108,6 +108,15 @@ _QCONFIG = constrained_qconfig(QConfig)
             r"fixed qparams need both",
         ),
         (lambda: BackendConfig(3), r"BackendConfig\(name=3\): the name is a string"),
+        (
+            lambda: BackendPatternConfig(nn.Linear).set_dtype_configs(DTypeConfig(torch.quint8)),
+            r"set_dtype_configs\(DTypeConfig.*\): pass a list of DTypeConfigs, e.g\. "
+            r"set_dtype_configs\(\[config\]\); to add one DTypeConfig use add_dtype_config",
+        ),
+        (
+            lambda: BackendConfig().set_backend_pattern_configs(BackendPatternConfig(nn.Linear)),
+            r"pass a list of BackendPatternConfigs.*set_backend_pattern_config\(config\)",
+        ),
     ],
 )
 def test_a_configuration_that_would_be_silently_wrong_is_a_config_error(make, message):

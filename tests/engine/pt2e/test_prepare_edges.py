@@ -16,7 +16,7 @@ from torch.fx import GraphModule, symbolic_trace
 import qviz
 from qviz.engine.observers import MinMaxObserver
 from qviz.engine.specs import QuantizationAnnotation, QuantizationSpec
-from qviz.errors import AnnotationError
+from qviz.errors import AnnotationError, ConfigError
 
 SPEC = QuantizationSpec(
     torch.int8, MinMaxObserver.with_args(dtype=torch.qint8), -128, 127,
@@ -108,3 +108,76 @@ def test_a_spec_for_an_out_destination_alone_says_to_quantize_the_result():
         AnnotationError, match=r"only writes its result into \(out=\).*output_qspec"
     ):
         qviz.prepare_pt2e(gm, OutOnly())
+
+
+def _xnnpack(is_qat: bool = False):
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_qat=is_qat))
+
+
+def test_a_converted_model_given_to_prepare_or_annotate_is_named_as_converted():
+    x = torch.randn(8, 4)
+    prepared = qviz.prepare_pt2e(qviz.export(nn.Linear(4, 3).eval(), (x,)), _xnnpack())
+    qviz.calibrate(prepared, x, progress=False)
+    converted = qviz.convert_pt2e(prepared)
+    for step in (qviz.prepare_pt2e, qviz.prepare_qat_pt2e, qviz.annotate_pt2e):
+        with pytest.raises(ConfigError, match=r"already converted .* pass the float graph module"):
+            step(converted, _xnnpack())
+
+
+def test_qat_with_a_post_training_quantizer_is_refused_naming_each_observer():
+    """Observers where QAT needs fake quantizers: the forward would stay float and "QAT"
+    would train without ever seeing quantization."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    gm = qviz.export(model, (torch.randn(4, 3, 8, 8),))
+    with pytest.raises(ConfigError) as info:
+        qviz.prepare_qat_pt2e(gm, _xnnpack(is_qat=False))
+    text = str(info.value)
+    assert "build 3 observer(s), not fake quantizers" in text
+    assert "HistogramObserver observing" in text and "MinMaxObserver observing" in text
+    assert "get_symmetric_quantization_config(is_qat=True)" in text
+    qviz.prepare_qat_pt2e(gm, _xnnpack(is_qat=True))  # the QAT config is accepted
+
+
+class _ActivationPerChannel:
+    """Annotates linear's input per channel along ``axis``."""
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+
+    def annotate(self, gm):
+        from qviz.engine.observers import PerChannelMinMaxObserver
+
+        spec = QuantizationSpec(
+            torch.int8,
+            PerChannelMinMaxObserver,
+            -128,
+            127,
+            torch.per_channel_symmetric,
+            self.axis,
+        )
+        for n in gm.graph.nodes:
+            if n.target == torch.ops.aten.linear.default:
+                n.meta["quantization_annotation"] = QuantizationAnnotation({n.args[0]: spec})
+        return gm
+
+    def validate(self, gm) -> None:
+        pass
+
+
+def test_a_per_channel_spec_on_an_activations_batch_axis_is_refused():
+    """Before, it converted with one scale per sample of the calibration batch and failed on
+    any other batch size."""
+    x = torch.randn(8, 4)
+    gm = qviz.export(nn.Linear(4, 3).eval(), (x,), dynamic_batch=True)
+    with pytest.raises(
+        AnnotationError,
+        match=r"input_1 -> linear: a per-channel spec .*ch_axis=0.* "
+        r"batch axis .*quantize activations per tensor",
+    ):
+        qviz.prepare_pt2e(gm, _ActivationPerChannel(0))
+    prepared = qviz.prepare_pt2e(gm, _ActivationPerChannel(1))  # the feature axis is fine
+    qviz.calibrate(prepared, x, progress=False)
+    converted = qviz.convert_pt2e(prepared)
+    assert converted(torch.randn(3, 4)).shape == (3, 3)

@@ -297,8 +297,8 @@ def _prepared_both(model: nn.Module, batches: list, own: bool, per_channel: bool
     gm = qviz.export(model.eval(), (batches[0],))
     ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel=per_channel))
     config = get_symmetric_quantization_config(is_per_channel=per_channel)
-    quantizer = XNNPACKQuantizer().set_global(config) if own else _ref_quantizer(
-        is_per_channel=per_channel
+    quantizer = (
+        XNNPACKQuantizer().set_global(config) if own else _ref_quantizer(is_per_channel=per_channel)
     )
     ours = qviz.prepare_pt2e(gm, quantizer)
     for b in batches:
