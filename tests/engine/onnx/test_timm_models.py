@@ -50,7 +50,14 @@ MODELS = {
     "mobilevitv2_050": ({}, 64, 131, 20.8),
     "vit_tiny_patch16_224": ({"img_size": 32}, 32, 100, 34.6),
 }
-FLOAT_ROUNDING = 2e-6  # relative to a tensor's largest |value|; measured at most 1.3e-6
+# relative to a tensor's largest |value|; measured at most 1.3e-6 here. Other CPUs' kernels
+# (no AVX-512, another onnxruntime build) round otherwise: the bound leaves them room and stays
+# ~800 times below one int8 step (1/127 of the range)
+FLOAT_ROUNDING = 1e-5
+# end to end, where a few rounding flips are amplified (module docstring): measured 20.8 dB at
+# worst; which values flip depends on the CPU and torch build, so the floor is generous: an
+# exporter defect (a wrong scale, a missing pair) shows as a step error layer by layer above
+SQNR_FLOOR = 15.0
 
 
 def _build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -165,4 +172,4 @@ def test_timm_model_matches_onnxruntime_layer_by_layer(name, tmp_path):
 
     with fb_fake_quant(model), torch.no_grad():
         expected = model(x).numpy()
-    assert _sqnr(expected, output) >= sqnr_bound - 0.5
+    assert _sqnr(expected, output) >= min(SQNR_FLOOR, sqnr_bound - 0.5)

@@ -80,7 +80,7 @@ from qviz.engine.pt2e.passes.reference_ops import (
     shift,
 )
 from qviz.engine.pt2e.passes.reference_patterns import (
-    REPLACES,
+    REPLACES,  # noqa: F401  (re-exported)
     Rewrite,
     add_rewrite,
     arguments,
@@ -94,16 +94,6 @@ from qviz.engine.pt2e.passes.reference_patterns import (
     scalar_qparams,
 )
 from qviz.errors import ConfigError
-
-__all__ = [
-    "REPLACES",
-    "quantize_bias",
-    "quantized_conv1d",
-    "quantized_conv2d",
-    "quantized_linear",
-    "requantize",
-    "to_reference_representation",
-]
 
 _INT8_TYPES = (torch.int8, torch.uint8)
 _INT32_MAX = 2**31 - 1
