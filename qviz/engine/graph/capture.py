@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -20,8 +21,11 @@ from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.errors import ConfigError, QvizError
 
 
-def dynamic_batch_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``dynamic_shapes`` making dimension 0 of every tensor input one shared dynamic "batch".
+def dynamic_batch_shapes(
+    example_inputs: tuple[Any, ...], max_batch: int = 2**20
+) -> tuple[Any, ...]:
+    """``dynamic_shapes`` making dimension 0 of every tensor input one shared dynamic "batch"
+    (from 1 to ``max_batch``).
 
     Raises:
         ConfigError: an input's batch is 0 or 1: torch specialises those sizes (a graph traced
@@ -38,7 +42,7 @@ def dynamic_batch_shapes(example_inputs: tuple[Any, ...]) -> tuple[Any, ...]:
                 f"{tuple(x.shape)}), but torch specialises sizes 0 and 1; give an example with "
                 f"batch >= 2 (e.g. torch.cat([x, x])), and the graph takes any batch from 1 on"
             )
-    batch = torch.export.Dim("batch", min=1, max=2**20)
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
     return tuple(
         {0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in example_inputs
     )
@@ -93,13 +97,21 @@ def export(
             raise ConfigError("give dynamic_batch=True or dynamic_shapes, not both")
         dynamic_shapes = dynamic_batch_shapes(example_inputs)
     try:
-        program = torch.export.export(
-            model,
-            example_inputs,
-            kwargs=example_kwargs,
-            dynamic_shapes=dynamic_shapes,
-            strict=strict,
-        )
+        try:
+            program = torch.export.export(
+                model, example_inputs, kwargs=example_kwargs, dynamic_shapes=dynamic_shapes,
+                strict=strict,
+            )  # fmt: skip
+        except Exception as exc:
+            cap = _kernel_batch_limit(exc) if dynamic_batch else None
+            if cap is None:
+                raise
+            # a kernel caps the batch (CUDA's convolutions take at most 65535): the graph
+            # takes any batch up to that cap
+            program = torch.export.export(
+                model, example_inputs, kwargs=example_kwargs,
+                dynamic_shapes=dynamic_batch_shapes(example_inputs, cap), strict=strict,
+            )  # fmt: skip
     except Exception as exc:  # torch.export raises many types; report them all the same way
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if dynamic_batch and "Constraints violated (batch)" in first:
@@ -117,3 +129,23 @@ def export(
     # the numeric suite matches operators by the handles; train() / eval() raise qviz's
     # ExportedModeError (why, and the fix) instead of torch's bare NotImplementedError
     return disallow_train_eval(assign_handles(program.module()))
+
+
+def _kernel_batch_limit(exc: Exception) -> int | None:
+    """The largest batch torch.export's guards allow, when its only complaint about the dynamic
+    batch is an upper bound (a kernel's limit, not code that fixes the batch); else None.
+
+    Example:
+        >>> _kernel_batch_limit(ValueError("Constraints violated (batch)! ... Suggested fixes:"
+        ...                                "\\n  batch = Dim('batch', max=65535)"))
+        65535
+        >>> _kernel_batch_limit(ValueError("Constraints violated (batch)! batch = 8"))
+    """
+    text = str(exc)
+    if "Constraints violated (batch)" not in text:
+        return None
+    fixes = re.findall(r"batch = Dim\('batch', max=(\d+)\)", text)
+    others = re.findall(r"^\s*batch = (.*)$", text, flags=re.MULTILINE)
+    if len(fixes) != 1 or len(others) != 1:
+        return None
+    return int(fixes[0]) if int(fixes[0]) >= 2 else None

@@ -217,6 +217,10 @@ def _insert_observers(gm: GraphModule, key_to_obs: dict[EdgeOrNode, nn.Module]) 
 def _observers(sharing: Sharing, quantizer: Any, gm: GraphModule, is_qat: bool) -> dict:
     """Create the observers and let the quantizer adjust them: edge or node -> its module."""
     by_group = _make_observers(sharing, is_qat)
+    devices = {t.device for t in (*gm.parameters(), *gm.buffers())}
+    if len(devices) == 1:  # on the model's device, as torchao puts them (a fused fake
+        device = devices.pop()  # quantizer's state must sit beside its input)
+        by_group = {g: obs.to(device) for g, obs in by_group.items()}
     key_to_obs = {k: by_group[m.group] for k, m in sharing.members.items()}
     callback = getattr(quantizer, "prepare_obs_or_fq_callback", None)
     if callback is not None:
