@@ -1,8 +1,9 @@
 """HistogramCalibrator: an exact histogram of |x| from which every amax method can be computed.
 
 Counts are int64, so no bin ever saturates (float counters stop counting at 2^24). The histogram
-has a fixed number of bins over ``[0, range]``, where the range is a power of two: the smallest
-that covers the largest |x| seen. When a later tensor exceeds it, the range doubles ``k`` times
+has a fixed number of bins over ``[0, range)``, where the range is a power of two: the smallest
+strictly above the largest |x| seen (so no value sits on the upper edge, where it would have to
+be clamped into the last bin and would land one bin low once the range grows). When a later tensor exceeds it, the range doubles ``k`` times
 and each new bin is the exact sum of ``2^k`` old bins, so many collects of growing range stay
 exact and never grow the bin count. Because the range depends only on the largest |x|, never on
 which tensor came first, the histogram is the same for any order of the same tensors, and
@@ -28,10 +29,10 @@ from qviz.engine.qparams import validate_num_bits
 from qviz.engine.tensor.calib.base import CalibMethod, Calibrator
 from qviz.engine.tensor.calib.pickers import entropy_amax, mse_amax, percentile_amax
 from qviz.engine.tensor.calib.pow2_ranges import (
-    grow_exponents,
+    grow_above_exponents,
     merge_bins,
     merge_exponents,
-    pow2_ceil,
+    pow2_above,
 )
 from qviz.errors import ConfigError
 
@@ -54,8 +55,8 @@ class HistogramCalibrator(Calibrator):
         >>> import torch
         >>> calib = HistogramCalibrator(8, num_bins=4)
         >>> calib.collect(torch.tensor([0.1, 0.2, -0.9, 2.0]))
-        >>> calib.histogram()[0].tolist()
-        [2, 1, 0, 1]
+        >>> calib.histogram()[0].tolist()   # bins of 1 over [0, 4): 4 is strictly above 2.0
+        [3, 0, 1, 0]
     """
 
     def __init__(
@@ -104,19 +105,19 @@ class HistogramCalibrator(Calibrator):
 
     def _grow(self, amax: torch.Tensor) -> torch.Tensor:
         if self._range is None:
-            self._range = pow2_ceil(amax)
+            self._range = pow2_above(amax)
             self._counts = torch.zeros(
                 amax.numel(), self._num_bins, dtype=torch.int64, device=amax.device
             )
             return self._range
         empty = self._range == 0
-        k = grow_exponents(self._range, amax)
+        k = grow_above_exponents(self._range, amax)
         if bool((k > 0).any()):
             merge = merge_exponents(torch.where(empty, 0, k), self._num_bins)
             self._counts = merge_bins(self._counts, merge)
         grown = self._range * torch.exp2(k.to(torch.float64))
         # A histogram that saw only zeros takes the new range as is: its counts sit in bin 0.
-        self._range = torch.where(empty, pow2_ceil(amax), grown)
+        self._range = torch.where(empty, pow2_above(amax), grown)
         return self._range
 
     def _bin(self, flat: torch.Tensor, hist_range: torch.Tensor) -> torch.Tensor:

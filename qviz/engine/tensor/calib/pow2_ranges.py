@@ -31,18 +31,6 @@ import math
 import torch
 
 
-def pow2_ceil(amax: torch.Tensor) -> torch.Tensor:
-    """The smallest power of two >= each value (0 stays 0), exactly (from the binary exponent).
-
-    Example:
-        >>> pow2_ceil(torch.tensor([0.0, 0.3, 0.5, 3.0], dtype=torch.float64)).tolist()
-        [0.0, 0.5, 0.5, 4.0]
-    """
-    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
-    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
-    return torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), exponent), amax)
-
-
 def pow2_above(amax: torch.Tensor) -> torch.Tensor:
     """The smallest power of two strictly above each value (0 stays 0), exactly.
 
@@ -67,6 +55,18 @@ def grow_exponents(old_range: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     ratio = torch.where(old_range > 0, amax / old_range.clamp(min=1e-300), torch.ones_like(amax))
     k = torch.ceil(torch.log2(ratio.clamp(min=1.0))).to(torch.int64)
     return torch.where(old_range * torch.exp2(k.to(old_range.dtype)) < amax, k + 1, k)
+
+
+def grow_above_exponents(old_range: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """Smallest ``k >= 0`` per channel with ``old_range * 2**k > amax``: the growth that keeps
+    a range strictly above every value (see :func:`pow2_above`).
+
+    Example:
+        >>> grow_above_exponents(torch.tensor([1.0, 1.0]), torch.tensor([0.5, 2.0])).tolist()
+        [0, 2]
+    """
+    k = grow_exponents(old_range, amax)
+    return torch.where(old_range * torch.exp2(k.to(old_range.dtype)) > amax, k, k + 1)
 
 
 def merge_exponents(k: torch.Tensor, num_bins: int) -> torch.Tensor:
