@@ -1,14 +1,14 @@
 """HistogramCalibrator: an exact histogram of |x| from which every amax method can be computed.
 
-Counts are int64, so no bin ever saturates (float counters stop counting at 2^24). The histogram
-has a fixed number of bins over ``[0, range)``, where the range is a power of two: the smallest
-strictly above the largest |x| seen (so no value sits on the upper edge, where it would have to
-be clamped into the last bin and would land one bin low once the range grows). When a later tensor exceeds it, the range doubles ``k`` times
-and each new bin is the exact sum of ``2^k`` old bins, so many collects of growing range stay
-exact and never grow the bin count. Because the range depends only on the largest |x|, never on
-which tensor came first, the histogram is the same for any order of the same tensors, and
-histograms of disjoint shards merge exactly (``qviz.engine.distributed.sharded``). The exact
-running max is kept beside it, and no method returns an amax above it.
+Counts are int64, so no bin ever saturates (float counters stop counting at 2^24). The histogram has
+a fixed number of bins over ``[0, range)``, where the range is a power of two: the smallest strictly
+above the largest |x| seen (so no value sits on the upper edge, where it would have to be clamped
+into the last bin and would land one bin low once the range grows). When a later tensor reaches it,
+the range doubles ``k`` times and each new bin is the exact sum of ``2^k`` old bins, so many
+collects of growing range stay exact and never grow the bin count. Because the range depends only on
+the largest |x|, never on which tensor came first, the histogram is the same for any order of the
+same tensors, and histograms of disjoint shards merge exactly (``qviz.engine.distributed.sharded``).
+The exact running max is kept beside it, and no method returns an amax above it.
 
 Example:
     >>> import torch
