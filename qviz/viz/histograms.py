@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from qviz.engine.observers import HistogramObserver
+from qviz.engine.observers import HistogramObserver, OrderFreeHistogramObserver
 from qviz.engine.qparams import clip_limits, quant_range, symmetric_scale
 from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.tensor.tensor_quant import fake_tensor_quant
@@ -199,6 +199,9 @@ def _source(
     obj: Any, methods: tuple[str, ...], num_bits: int | None, pct: float | None, channel: int
 ) -> HistogramData:
     """Dispatch on the input kind; every branch ends in the same ``HistogramData``."""
+    if isinstance(obj, OrderFreeHistogramObserver):
+        _check_bits(num_bits, (obj.quant_max - obj.quant_min).bit_length(), type(obj).__name__)
+        return _order_free_source(obj, methods)
     if "l2" in methods and not isinstance(obj, HistogramObserver):
         raise ConfigError(
             "method 'l2' is a HistogramObserver's own search (torch's L2 range search); a "
@@ -356,6 +359,39 @@ def _observer_source(
         current = method == obs.method
         rows.append(_row(method, amax, low, high, scale, zp, clipped, sqnr_db, current=current))
     return _observer_finish(obs, calib, rows, lines, missing)
+
+
+def _order_free_source(obs: OrderFreeHistogramObserver, methods: tuple[str, ...]) -> HistogramData:
+    """Its signed histogram over the power-of-two range and its own (L2) range: the one range
+    it computes; the calibrator methods are listed as not kept."""
+    if not bool(obs.counts.sum()):
+        raise CalibrationError(
+            f"{type(obs).__name__} has no histogram to draw (it saw no data): run calibration "
+            f"batches through it (qviz.calibrate) first"
+        )
+    counts, edges = obs.histogram()
+    values, weights = _centres(counts, edges)
+    scale_t, zp_t = obs.calculate_qparams()
+    scale, zp = float(scale_t.reshape(-1)[0]), int(zp_t.reshape(-1)[0])
+    qmin, qmax = obs.quant_min, obs.quant_max
+    quantized = _affine(values, scale, zp, qmin, qmax)
+    clipped, sqnr_db = _weighted_metrics(
+        values, weights, quantized, edges, clip_limits(scale, zp, qmin, qmax)
+    )
+    low, high = scale * (qmin - zp), scale * (qmax - zp)
+    rows = [_row("l2", None, low, high, scale, zp, clipped, sqnr_db, current=True)]
+    lines = [("observer:low", low, "observer (l2) range"), ("observer:high", high, "")]
+    missing = [m for m in methods if m != "l2"]
+    note = f"{', '.join(missing)}: not kept by this observer (its range is its L2 search)"
+    note = note if missing else ""
+    dtype = str(obs.dtype).removeprefix("torch.")
+    lo, hi = float(obs.min_val), float(obs.max_val)
+    head = (
+        f"OrderFreeHistogramObserver {dtype} [{qmin}, {qmax}]: {int(counts.sum()):,} values in "
+        f"[{lo:.4g}, {hi:.4g}], bins over ±{float(obs.hist_range):.4g}"
+    )
+    grid = QuantGrid(scale, zp, qmin, qmax)
+    return HistogramData(head, weights, edges, True, tuple(lines), tuple(rows), grid, note)
 
 
 def _observer_finish(obs, calib, rows, lines, missing) -> HistogramData:

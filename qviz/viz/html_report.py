@@ -312,12 +312,11 @@ _NO_OBSERVERS = (
 def _histogram_section(model: Any, plan: Any, stage: str) -> str:
     if stage != "observed":
         return ""
-    from qviz.engine.observers import HistogramObserver
+    from qviz.engine.observers import HistogramObserver, OrderFreeHistogramObserver
     from qviz.viz.histograms import histogram_data
 
-    groups = [
-        g for g in plan.groups if isinstance(_submodule(model, g.observer), HistogramObserver)
-    ]
+    kinds = (HistogramObserver, OrderFreeHistogramObserver)
+    groups = [g for g in plan.groups if isinstance(_submodule(model, g.observer), kinds)]
     if not groups:
         return _section("Histograms", "<p>No group uses a HistogramObserver.</p>")
     figures, empty = [], []

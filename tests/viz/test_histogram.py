@@ -115,6 +115,30 @@ def test_l2_only_observer_draws_its_signed_histogram(x):
     assert math.isfinite(row["sqnr_db"])
 
 
+def test_an_order_free_observer_draws_its_histogram_and_own_range(x):
+    """The observer's power-of-two histogram (counts summed exactly) and its L2 range, with
+    the calibrator methods said to be not kept; the same figure for any batch order."""
+    from qviz.engine.observers import OrderFreeHistogramObserver
+
+    obs, shuffled = (
+        OrderFreeHistogramObserver(dtype=torch.int8),
+        OrderFreeHistogramObserver(dtype=torch.int8),
+    )
+    for part in x.chunk(4):
+        obs(part)
+    for part in reversed(x.chunk(4)):
+        shuffled(part)
+    fig = histogram(obs)
+    (row,) = fig.qviz_rows
+    scale, zero_point = obs.calculate_qparams()
+    assert row["method"] == "l2" and row["current"] and row["scale"] == float(scale)
+    assert row["zero_point"] == int(zero_point)
+    by_gid = {line.get_gid(): float(line.get_xdata()[0]) for line in fig.axes[0].lines}
+    assert by_gid["observer:low"] == pytest.approx(row["low"])
+    assert "not kept by this observer" in fig.axes[0].get_title("left")
+    assert histogram(shuffled).qviz_rows == fig.qviz_rows
+
+
 def test_grid_only_when_few_levels(x):
     assert not any(c.get_gid() == "grid" for c in histogram(x).axes[0].collections)
     assert any(c.get_gid() == "grid" for c in histogram(x, num_bits=4).axes[0].collections)

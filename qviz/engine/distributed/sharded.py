@@ -36,8 +36,9 @@ converted outputs on all 96 images, ``tests/engine/distributed``):
 * **bit for bit one process over all the batches**: min / max (MinMaxObserver,
   PerChannelMinMaxObserver), OrderFreeHistogramObserver (its histogram over power-of-two ranges
   is the same for any batch order and any sharding, and so are its qparams: difference 0), the
-  |x| histograms of HistogramCalibrator (its range is the power of two strictly above the
-  largest |x|, so growing it merges bins exactly) and every amax method on them, MaxCalibrator;
+  |x| histograms of HistogramCalibrator (right-closed bins over power-of-two ranges: growing a
+  range merges bins exactly, a value on the top edge included) and every amax method on them,
+  MaxCalibrator;
 * **within one process's batch-order spread**: torch's HistogramObserver grows its range with
   a lossy re-binning, so even one process's histogram depends on the order of its batches; the
   merge re-bins each rank's histogram onto the global range with that same re-binning. It

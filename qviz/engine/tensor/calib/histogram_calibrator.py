@@ -1,14 +1,16 @@
 """HistogramCalibrator: an exact histogram of |x| from which every amax method can be computed.
 
 Counts are int64, so no bin ever saturates (float counters stop counting at 2^24). The histogram has
-a fixed number of bins over ``[0, range)``, where the range is a power of two: the smallest strictly
-above the largest |x| seen (so no value sits on the upper edge, where it would have to be clamped
-into the last bin and would land one bin low once the range grows). When a later tensor reaches it,
-the range doubles ``k`` times and each new bin is the exact sum of ``2^k`` old bins, so many
-collects of growing range stay exact and never grow the bin count. Because the range depends only on
-the largest |x|, never on which tensor came first, the histogram is the same for any order of the
-same tensors, and histograms of disjoint shards merge exactly (``qviz.engine.distributed.sharded``).
-The exact running max is kept beside it, and no method returns an amax above it.
+a fixed number of bins over ``[0, range]``, where the range is a power of two: the smallest that
+covers the largest |x| seen. Bins are right-closed, ``(lo, hi]`` (bin 0 also holds 0): a value equal
+to the range belongs to the last bin by the binning rule itself, so it stays in the right bin when
+the range grows, and a bin's upper edge as an amax clips none of its values. When a later tensor
+exceeds it, the range doubles ``k`` times and each new bin is the exact sum of ``2^k`` old bins, so
+many collects of growing range stay exact and never grow the bin count. Because the range depends
+only on the largest |x|, never on which tensor came first, the histogram is the same for any order
+of the same tensors, and histograms of disjoint shards merge exactly
+(``qviz.engine.distributed.sharded``). The exact running max is kept beside it, and no method
+returns an amax above it.
 
 Example:
     >>> import torch
@@ -29,10 +31,10 @@ from qviz.engine.qparams import validate_num_bits
 from qviz.engine.tensor.calib.base import CalibMethod, Calibrator
 from qviz.engine.tensor.calib.pickers import entropy_amax, mse_amax, percentile_amax
 from qviz.engine.tensor.calib.pow2_ranges import (
-    grow_above_exponents,
+    grow_exponents,
     merge_bins,
     merge_exponents,
-    pow2_above,
+    pow2_ceil,
 )
 from qviz.errors import ConfigError
 
@@ -55,8 +57,8 @@ class HistogramCalibrator(Calibrator):
         >>> import torch
         >>> calib = HistogramCalibrator(8, num_bins=4)
         >>> calib.collect(torch.tensor([0.1, 0.2, -0.9, 2.0]))
-        >>> calib.histogram()[0].tolist()   # bins of 1 over [0, 4): 4 is strictly above 2.0
-        [3, 0, 1, 0]
+        >>> calib.histogram()[0].tolist()
+        [2, 1, 0, 1]
     """
 
     def __init__(
@@ -105,19 +107,19 @@ class HistogramCalibrator(Calibrator):
 
     def _grow(self, amax: torch.Tensor) -> torch.Tensor:
         if self._range is None:
-            self._range = pow2_above(amax)
+            self._range = pow2_ceil(amax)
             self._counts = torch.zeros(
                 amax.numel(), self._num_bins, dtype=torch.int64, device=amax.device
             )
             return self._range
         empty = self._range == 0
-        k = grow_above_exponents(self._range, amax)
+        k = grow_exponents(self._range, amax)
         if bool((k > 0).any()):
             merge = merge_exponents(torch.where(empty, 0, k), self._num_bins)
             self._counts = merge_bins(self._counts, merge)
         grown = self._range * torch.exp2(k.to(torch.float64))
         # A histogram that saw only zeros takes the new range as is: its counts sit in bin 0.
-        self._range = torch.where(empty, pow2_above(amax), grown)
+        self._range = torch.where(empty, pow2_ceil(amax), grown)
         return self._range
 
     def _bin(self, flat: torch.Tensor, hist_range: torch.Tensor) -> torch.Tensor:
@@ -144,9 +146,11 @@ class HistogramCalibrator(Calibrator):
             for c0 in range(0, m, cols):
                 block = rows[:, c0 : c0 + cols]
                 scaled = fbuf[: block.numel()].view(block.shape)
-                torch.abs(block, out=scaled).mul_(mult[r0 : r0 + k].unsqueeze(1)).clamp_(max=n - 1)
+                torch.abs(block, out=scaled).mul_(mult[r0 : r0 + k].unsqueeze(1))
+                # right-closed bins: ceil(v) - 1 (0 and the first bin's values: bin 0)
+                scaled.ceil_().sub_(1).clamp_(min=0, max=n - 1)
                 idx = ibuf[: block.numel()].view(block.shape)
-                idx.copy_(scaled)  # truncation toward zero = floor, as |x| >= 0
+                idx.copy_(scaled)
                 if k > 1:
                     idx += offsets[:k]
                 counts[r0 : r0 + k] += torch.bincount(idx.view(-1), minlength=k * n).view(k, n)

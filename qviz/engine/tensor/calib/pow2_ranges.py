@@ -4,12 +4,15 @@ A histogram of ``num_bins`` equal bins over ``[0, R)``, with ``R`` a power of tw
 a value ``v >= 0`` being ``floor(v * num_bins / R)``, has a useful property: when ``R`` grows to
 ``R * 2**k``, bin ``j`` of the new histogram is exactly the sum of old bins ``j * 2**k`` to
 ``(j + 1) * 2**k - 1`` (``floor(floor(y) / 2**k) == floor(y / 2**k)``, and scaling by a power of
-two is exact in floating point). So a histogram that grew its range while it collected equals,
-count for count, the histogram of the same values binned directly on the final range: it does
-not depend on the order of the tensors, and histograms of disjoint shards merge exactly by
-growing each to the largest range and summing. This is the shared core of
-:class:`~qviz.engine.tensor.calib.HistogramCalibrator` (``|x|`` per channel) and
-:class:`~qviz.engine.observers.OrderFreeHistogramObserver` (signed values), and of their merge
+two is exact in floating point). The same holds for right-closed bins ``(lo, hi]``, where the
+bin of ``v > 0`` is ``ceil(v * num_bins / R) - 1`` (``ceil(ceil(y) / 2**k) == ceil(y / 2**k)``):
+those let the range be the power of two at or above the largest value, which then sits in the
+last bin by the rule itself, not by a clamp. So a histogram that grew its range while it
+collected equals, count for count, the histogram of the same values binned directly on the final
+range: it does not depend on the order of the tensors, and histograms of disjoint shards merge
+exactly by growing each to the largest range and summing. This is the shared core of
+:class:`~qviz.engine.tensor.calib.HistogramCalibrator` (``|x|`` per channel, right-closed bins)
+and :class:`~qviz.engine.observers.OrderFreeHistogramObserver` (signed values), and of their merge
 rules in :mod:`qviz.engine.distributed.merge_rules`.
 
 Worked example: 8 bins over ``[0, 1)`` hold ``0.1`` (bin 0) and ``0.7`` (bin 5); a batch with
@@ -29,6 +32,18 @@ from __future__ import annotations
 import math
 
 import torch
+
+
+def pow2_ceil(amax: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= each value (0 stays 0), exactly (from the binary exponent).
+
+    Example:
+        >>> pow2_ceil(torch.tensor([0.0, 0.3, 0.5, 3.0], dtype=torch.float64)).tolist()
+        [0.0, 0.5, 0.5, 4.0]
+    """
+    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), exponent), amax)
 
 
 def pow2_above(amax: torch.Tensor) -> torch.Tensor:
@@ -55,18 +70,6 @@ def grow_exponents(old_range: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     ratio = torch.where(old_range > 0, amax / old_range.clamp(min=1e-300), torch.ones_like(amax))
     k = torch.ceil(torch.log2(ratio.clamp(min=1.0))).to(torch.int64)
     return torch.where(old_range * torch.exp2(k.to(old_range.dtype)) < amax, k + 1, k)
-
-
-def grow_above_exponents(old_range: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """Smallest ``k >= 0`` per channel with ``old_range * 2**k > amax``: the growth that keeps
-    a range strictly above every value (see :func:`pow2_above`).
-
-    Example:
-        >>> grow_above_exponents(torch.tensor([1.0, 1.0]), torch.tensor([0.5, 2.0])).tolist()
-        [0, 2]
-    """
-    k = grow_exponents(old_range, amax)
-    return torch.where(old_range * torch.exp2(k.to(old_range.dtype)) > amax, k, k + 1)
 
 
 def merge_exponents(k: torch.Tensor, num_bins: int) -> torch.Tensor:
