@@ -30,6 +30,7 @@ from qviz.engine.graph.train_eval import (
     move_exported_model_to_train,
     update_bn_stats,
 )
+from qviz.engine.lower import lower
 from qviz.engine.onnx.export import export_onnx
 from qviz.engine.pt2e.calibrate import calibrate
 from qviz.engine.pt2e.convert import convert_pt2e
@@ -67,6 +68,7 @@ __all__ = [
     "export",
     "export_onnx",
     "freeze_bn_stats",
+    "lower",
     "move_exported_model_to_eval",
     "move_exported_model_to_train",
     "prepare_pt2e",

@@ -50,6 +50,7 @@ PUBLIC_MODULES = {
     "qviz.engine.observers.fake_quantize",
     "qviz.engine.backend_config",
     "qviz.engine.distributed",
+    "qviz.engine.lower",
     "qviz.engine.tensor.tensor_quant",
     "qviz.engine.tensor.calib",
     "qviz.engine.tensor.quant_nn",

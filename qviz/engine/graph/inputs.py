@@ -368,3 +368,21 @@ def labelled_batches(model: nn.Module, data: Any, where: str) -> Iterator[tuple[
                 f"'labels' key"
             )
         yield name, bound
+
+
+def batch_and_dtype(gm: GraphModule) -> tuple[Any, str] | None:
+    """The batch (an int, or None when dynamic) and dtype of ``gm``'s first tensor input, as
+    exported; None when it has no tensor input.
+
+    Example:
+        >>> import torch, qviz
+        >>> gm = qviz.export(torch.nn.ReLU(), (torch.randn(4, 2),), dynamic_batch=True)
+        >>> batch_and_dtype(gm)
+        (None, 'torch.float32')
+    """
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.dim() > 0:
+            batch = val.shape[0]
+            return (None if isinstance(batch, torch.SymInt) else int(batch)), str(val.dtype)
+    return None

@@ -63,7 +63,7 @@ from torch.fx import GraphModule
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.graph.fingerprint import check_fingerprint
-from qviz.engine.graph.inputs import check_inputs
+from qviz.engine.graph.inputs import batch_and_dtype, check_inputs
 from qviz.engine.graph.node_data import (
     REPORT_COLUMNS,
     SCALE,
@@ -213,16 +213,6 @@ def _prepare(model: nn.Module, opset: int) -> tuple[nn.Module, str, tuple[OnnxRa
     )
 
 
-def _batch_and_dtype(gm: GraphModule) -> tuple[Any, str] | None:
-    """The batch (an int, or None when dynamic) and dtype of ``gm``'s first tensor input."""
-    for node in gm.graph.nodes:
-        val = node.meta.get("val") if node.op == "placeholder" else None
-        if isinstance(val, torch.Tensor) and val.dim() > 0:
-            batch = val.shape[0]
-            return (None if isinstance(batch, torch.SymInt) else int(batch)), str(val.dtype)
-    return None
-
-
 def _check_runs(ready: nn.Module, example: tuple) -> None:
     """Run an eval copy of the eager ``ready`` once on ``example``: inputs it cannot take are
     named here, not as torch.onnx's tracing failure (or onnx's type error after it)."""
@@ -245,7 +235,7 @@ def _check_example(ready: nn.Module, source: str, example: tuple, dynamic_batch:
     if source != "pt2e" or not isinstance(ready, GraphModule):
         _check_runs(ready, example)
         return
-    first = _batch_and_dtype(ready)
+    first = batch_and_dtype(ready)
     if first is None:
         return
     batch, dtype = first

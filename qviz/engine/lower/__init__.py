@@ -1,0 +1,126 @@
+"""A converted model on real kernels: ExecuTorch XNNPACK and onnxruntime.
+
+:func:`lower` takes what :func:`qviz.convert_pt2e` returned (the reference model) and returns a
+:class:`~qviz.engine.lower.lowered.LoweredModel`: it runs like a module on the backend's own
+kernels and records, operator by operator, which ran on integer kernels and which fell back to
+float, and why; its artifact's size; how long lowering took; its latency on request.
+
+Each backend is an optional dependency (``pip install 'qviz[lower]'``): ExecuTorch for
+``"xnnpack"``, onnx and onnxruntime for ``"onnxruntime"``. The caller's model is never changed.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> x = torch.randn(8, 4)
+    >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval(), (x,))
+    >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config()))
+    >>> _ = qviz.calibrate(p, x, progress=False)
+    >>> lowered = qviz.lower(qviz.convert_pt2e(p), (x,), backend="onnxruntime")
+    >>> lowered.backend, lowered(x).shape
+    ('onnxruntime', torch.Size([8, 3]))
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.fx import GraphModule
+
+from qviz.engine.graph.fingerprint import fingerprint
+from qviz.engine.graph.inputs import batch_and_dtype, check_inputs
+from qviz.engine.graph.stage import Stage, model_stage
+from qviz.engine.lower.lowered import KernelRecord, LoweredModel
+from qviz.errors import ConfigError
+
+__all__ = ["BACKENDS", "KernelRecord", "LoweredModel", "lower"]
+
+#: The backends :func:`lower` knows.
+BACKENDS = ("xnnpack", "onnxruntime")
+
+
+def _check(converted: Any, example_inputs: Any, backend: Any) -> tuple[Any, ...]:
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"lower(backend={backend!r}): the backends are {', '.join(map(repr, BACKENDS))}"
+        )
+    if not isinstance(converted, GraphModule) or model_stage(converted) is not Stage.CONVERTED:
+        stage = model_stage(converted).value if isinstance(converted, GraphModule) else None
+        got = f"a {stage} graph" if stage else type(converted).__name__
+        raise ConfigError(
+            f"lower needs the model qviz.convert_pt2e returns, got {got}: prepare, calibrate "
+            f"and convert first"
+        )
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, tuple):
+        raise ConfigError(
+            f"lower: example_inputs must be a tuple of inputs, got "
+            f"{type(example_inputs).__name__}: wrap a single input as (x,)"
+        )
+    check_inputs(converted, example_inputs, where="lower: example_inputs")
+    return example_inputs
+
+
+def lower(
+    converted: GraphModule,
+    example_inputs: tuple[Any, ...] | torch.Tensor,
+    backend: str = "xnnpack",
+    *,
+    path: str | Path | None = None,
+) -> LoweredModel:
+    """Lower ``converted`` onto ``backend``'s kernels; the lowered model and its records.
+
+    Args:
+        converted: the model :func:`qviz.convert_pt2e` returned (not changed).
+        example_inputs: inputs it takes (a single tensor is accepted); a model exported with
+            ``dynamic_batch=True`` is lowered for any batch size.
+        backend: ``"xnnpack"`` (ExecuTorch with the XNNPACK delegate) or ``"onnxruntime"``
+            (the QDQ export, run by an optimised CPU session).
+        path: where to write the artifact (``.pte`` or ``.onnx``); None keeps it in memory.
+
+    Returns:
+        A :class:`LoweredModel`: call it like ``converted``; ``.kernels``, ``.size_bytes``,
+        ``.latency(batch)``, ``.summary()``.
+
+    Raises:
+        ConfigError: an unknown backend, a model that is not converted, inputs it does not take.
+        MissingDependencyError: the backend's package is not installed.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> x = torch.randn(8, 4)
+        >>> gm = qviz.export(torch.nn.Linear(4, 3).eval(), (x,), dynamic_batch=True)
+        >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+        ...     get_symmetric_quantization_config()))
+        >>> _ = qviz.calibrate(p, x, progress=False)
+        >>> lowered = qviz.lower(qviz.convert_pt2e(p), (x,), backend="xnnpack")
+        >>> lowered(torch.randn(3, 4)).shape, lowered.kernel_counts()["integer"]
+        (torch.Size([3, 3]), 1)
+    """
+    example_inputs = _check(converted, example_inputs, backend)
+    first = batch_and_dtype(converted)
+    dynamic = first is not None and first[0] is None
+    start = time.perf_counter()
+    if backend == "xnnpack":
+        from qviz.engine.lower.xnnpack import lower_xnnpack as lower_to
+    else:
+        from qviz.engine.lower.onnxruntime import lower_onnxruntime as lower_to
+    run, records, size, written = lower_to(
+        converted, example_inputs, dynamic, Path(path) if path is not None else None
+    )
+    return LoweredModel(
+        run,
+        backend=backend,
+        kernels=records,
+        size_bytes=size,
+        example_inputs=example_inputs,
+        fingerprint=fingerprint(converted),
+        lowering_seconds=time.perf_counter() - start,
+        dynamic_batch=dynamic,
+        path=written,
+    )

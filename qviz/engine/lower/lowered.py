@@ -1,0 +1,173 @@
+"""A converted model on a backend's real kernels, and what it knows about itself.
+
+:class:`LoweredModel` runs like a module (``lowered(x)``: torch tensors in, torch tensors out)
+and carries its records as plain data, as the plan does: one :class:`KernelRecord` per operator
+of the lowered program (which kernel ran it: ``"integer"``, ``"float"``, or a ``"quantize"``
+boundary between them, and why an operator stayed float), the artifact's size in bytes, how long
+lowering took, and the fingerprint of the converted model it was lowered from (house rule 14).
+:meth:`LoweredModel.latency` measures it at a given batch.
+
+Example:
+    >>> rec = KernelRecord("conv2d", "QLinearConv", "integer")
+    >>> rec.kernel, rec.reason
+    ('integer', '')
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qviz.engine.graph.fingerprint import Fingerprint
+from qviz.errors import ConfigError
+
+#: The kernel kinds a record names.
+KERNELS = ("integer", "float", "quantize", "data")
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One operator of a lowered program.
+
+    Attributes:
+        node: its name in the lowered program (an ONNX node, an ExecuTorch graph node).
+        op: its operator (``QLinearConv``, ``aten.convolution.default``, ...).
+        kernel: ``"integer"`` (an int8 kernel computes it), ``"float"`` (a float kernel),
+            ``"quantize"`` (a quantize / dequantize boundary) or ``"data"`` (moves or reshapes
+            data, in whichever dtype it is given).
+        where: what runs it (``"onnxruntime CPU"``, ``"XNNPACK delegate 0"``, ``"ExecuTorch
+            portable kernels"``).
+        reason: why a compute operator stayed float ("" otherwise).
+    """
+
+    node: str
+    op: str
+    kernel: str
+    where: str = ""
+    reason: str = ""
+
+
+class LoweredModel(nn.Module):
+    """A converted model lowered to a backend; call it like the converted model.
+
+    Attributes:
+        backend: ``"onnxruntime"`` or ``"xnnpack"``.
+        kernels: a :class:`KernelRecord` per operator of the lowered program.
+        size_bytes: the lowered artifact's size (the ``.onnx`` file, the ``.pte`` program).
+        path: where the artifact was written, or None (kept in memory).
+        lowering_seconds: how long lowering took.
+        fingerprint: the converted model's fingerprint (what this lowered model measures).
+        dynamic_batch: whether it takes any batch size (else only the example's).
+    """
+
+    def __init__(
+        self,
+        run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+        *,
+        backend: str,
+        kernels: Sequence[KernelRecord],
+        size_bytes: int,
+        example_inputs: tuple[Any, ...],
+        fingerprint: Fingerprint,
+        lowering_seconds: float,
+        dynamic_batch: bool,
+        path: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self._run = run
+        self.backend = backend
+        self.kernels = tuple(kernels)
+        self.size_bytes = int(size_bytes)
+        self.path = path
+        self.fingerprint = fingerprint
+        self.lowering_seconds = float(lowering_seconds)
+        self.dynamic_batch = dynamic_batch
+        self._example = tuple(example_inputs)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        """Run the lowered program; one output comes back as a tensor, several as a tuple."""
+        tensors = [x.detach().cpu().contiguous() for x in inputs]
+        outputs = self._run(tensors)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def kernel_counts(self) -> dict[str, int]:
+        """How many operators each kind of kernel runs, e.g. ``{"integer": 7, "float": 1}``."""
+        counts = Counter(r.kernel for r in self.kernels)
+        return {k: counts[k] for k in KERNELS if counts[k]}
+
+    def float_fallbacks(self) -> tuple[KernelRecord, ...]:
+        """The compute operators a float kernel runs, each with its reason."""
+        return tuple(r for r in self.kernels if r.kernel == "float")
+
+    def latency(self, batch: int | None = None, *, repeats: int = 20, warmup: int = 3) -> float:
+        """The median seconds of one call at ``batch`` (None: the example's batch).
+
+        Raises:
+            ConfigError: a batch other than the example's for a model lowered with a fixed
+                batch, or a batch, repeats or warmup that is not a positive int.
+        """
+        for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"latency({name}={value!r}): give an int >= {low}")
+        inputs = self._inputs_at(batch)
+        for _ in range(warmup):
+            self(*inputs)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self(*inputs)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def _inputs_at(self, batch: int | None) -> tuple[Any, ...]:
+        first = next((x for x in self._example if isinstance(x, torch.Tensor)), None)
+        if batch is None or first is None or first.dim() == 0 or batch == first.shape[0]:
+            return self._example
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ConfigError(f"latency(batch={batch!r}): give a batch size >= 1")
+        if not self.dynamic_batch:
+            raise ConfigError(
+                f"latency(batch={batch}): this model was lowered for batch {first.shape[0]} "
+                f"only; export the float model with qviz.export(..., dynamic_batch=True), "
+                f"quantize and lower that, or leave batch out"
+            )
+        return tuple(
+            x[torch.arange(batch) % x.shape[0]] if isinstance(x, torch.Tensor) and x.dim() else x
+            for x in self._example
+        )
+
+    def summary(self) -> str:
+        """One line per kind of kernel, then each float fallback with its reason."""
+        counts = ", ".join(f"{n} {k}" for k, n in self.kernel_counts().items())
+        lines = [
+            f"LoweredModel({self.backend}): {len(self.kernels)} operators ({counts}), "
+            f"{self.size_bytes / 1024:.1f} KiB, lowered in {self.lowering_seconds:.2f} s"
+        ]
+        lines += [f"  float: {r.node} ({r.op}): {r.reason}" for r in self.float_fallbacks()]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><td>{html.escape(r.node)}</td><td>{html.escape(r.op)}</td>"
+            f"<td>{r.kernel}</td><td>{html.escape(r.where)}</td>"
+            f"<td>{html.escape(r.reason)}</td></tr>"
+            for r in self.kernels
+        )
+        head = html.escape(self.summary().splitlines()[0])
+        return (
+            f"<p>{head}</p><table><tr><th>node</th><th>op</th><th>kernel</th><th>where</th>"
+            f"<th>reason</th></tr>{rows}</table>"
+        )

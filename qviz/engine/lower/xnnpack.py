@@ -1,0 +1,165 @@
+"""Lower a converted model to ExecuTorch with the XNNPACK delegate, and run it.
+
+The converted model is exported again (``torch.export``), ``to_edge_transform_and_lower`` with
+``XnnpackPartitioner`` hands every pattern XNNPACK takes to a delegate (its dequantize -> op ->
+quantize groups run as XNNPACK's int8 kernels), the rest stays on ExecuTorch's portable
+kernels, and ``to_executorch`` serialises the program (``.pte``) that
+``executorch.runtime.Runtime`` loads and runs. Each operator is recorded: inside a delegate, a
+compute operator fed by a dequantize is an integer kernel; outside, it is a float fallback,
+with the reason.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> x = torch.randn(8, 4)
+    >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 3)).eval(), (x,))
+    >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config()))
+    >>> _ = qviz.calibrate(p, x, progress=False)
+    >>> lowered = qviz.lower(qviz.convert_pt2e(p), (x,), backend="xnnpack")
+    >>> lowered.kernel_counts()["integer"], lowered(x).shape
+    (1, torch.Size([8, 3]))
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.lower.lowered import KernelRecord
+from qviz.errors import MissingDependencyError
+
+_PORTABLE = "ExecuTorch portable kernels"
+_BOUNDARY = ("quantize_per", "dequantize_per", "choose_qparams")
+_DATA = (
+    "view",
+    "reshape",
+    "permute",
+    "squeeze",
+    "unsqueeze",
+    "clone",
+    "expand",
+    "slice",
+    "cat",
+    "getitem",
+    "max_pool",
+    "constant_pad",
+    "_to_copy",
+    "alias",
+    "sym_size",
+    "sym_numel",
+)
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "qviz.lower(backend='xnnpack') needs ExecuTorch: pip install 'qviz[lower]' (executorch)"
+        ) from exc
+
+
+def _op_name(node: Node) -> str:
+    target = node.target
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _reaches(node: Node, boundary: str, upstream: bool) -> bool:
+    """Whether a ``boundary`` op (``"dequantize"`` up, ``"quantize"`` down) is reached from
+    ``node`` through compute operators only: the node sits inside a q/dq chain."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        for m in n.all_input_nodes if upstream else n.users:
+            if m in seen or m.op != "call_function":
+                continue
+            seen.add(m)
+            name = _op_name(m)
+            found = "dequantize" if "dequantize_per" in name else None
+            found = found or ("quantize" if "quantize_per" in name else None)
+            if found == boundary:
+                return True
+            if not any(b in name for b in _BOUNDARY):
+                todo.append(m)
+    return False
+
+
+def _kind(node: Node) -> str:
+    """``"quantize"``, ``"data"``, or for a compute operator ``"integer"`` when it lies between
+    a dequantize and a quantize (XNNPACK runs such a chain as int8 kernels), else ``"float"``."""
+    name = _op_name(node)
+    if any(b in name for b in _BOUNDARY):
+        return "quantize"
+    if any(d in name for d in _DATA) or "getitem" in str(node.target):
+        return "data"
+    inside = _reaches(node, "dequantize", upstream=True) and _reaches(
+        node, "quantize", upstream=False
+    )
+    return "integer" if inside else "float"
+
+
+def records_of(graph_module: GraphModule) -> list[KernelRecord]:
+    """A :class:`KernelRecord` per operator of an ExecuTorch edge program's graph: the
+    delegated ones (inside each ``lowered_module_<i>``) and those left to portable kernels.
+
+    Example:
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> [(r.op, r.kernel, r.where) for r in records_of(gm)]
+        [('relu', 'float', 'ExecuTorch portable kernels')]
+    """
+    records = []
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr" and node.name.startswith("lowered_module_"):
+            delegate = getattr(graph_module, node.name)
+            where = f"XNNPACK delegate {node.name.removeprefix('lowered_module_')}"
+            for inner in delegate.original_module.graph.nodes:
+                if inner.op == "call_function":
+                    kind = _kind(inner)
+                    reason = (
+                        "XNNPACK runs it on a float kernel: no dequantize / quantize around it "
+                        "(the converted model left it in float)"
+                        if kind == "float"
+                        else ""
+                    )
+                    records.append(KernelRecord(inner.name, _op_name(inner), kind, where, reason))
+        elif node.op == "call_function" and "executorch_call_delegate" not in str(node.target):
+            kind = _kind(node)
+            reason = (
+                "XNNPACK's partitioner did not take it: it runs on a float portable kernel"
+                if kind in ("float", "integer")
+                else ""
+            )
+            kind = "float" if kind == "integer" else kind
+            records.append(KernelRecord(node.name, _op_name(node), kind, _PORTABLE, reason))
+    return records
+
+
+def lower_xnnpack(
+    converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
+) -> tuple[Any, list[KernelRecord], int, Path | None]:
+    """Export, partition, serialise and load; the run function, records, size and path."""
+    exir = _import("executorch.exir")
+    partitioner = _import("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+    runtime = _import("executorch.runtime")
+    shapes = dynamic_batch_shapes(example_inputs) if dynamic_batch else None
+    program = torch.export.export(converted, example_inputs, dynamic_shapes=shapes)
+    edge = exir.to_edge_transform_and_lower(program, partitioner=[partitioner.XnnpackPartitioner()])
+    records = records_of(edge.exported_program().graph_module)
+    buffer = edge.to_executorch().buffer
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(buffer)
+    # the loaded program reads the serialised buffer in place: both live as long as ``run``
+    loaded = runtime.Runtime.get().load_program(buffer)
+    method = loaded.load_method("forward")
+
+    def run(inputs: list[torch.Tensor], _keep: tuple = (buffer, loaded)) -> list[torch.Tensor]:
+        return [o.clone() for o in method.execute(inputs)]
+
+    return run, records, len(buffer), (Path(path) if path is not None else None)
