@@ -111,9 +111,53 @@ def _quantize(args: argparse.Namespace) -> int:
     f_size, q_size = _saved_bytes(exported, example), _saved_bytes(quantized, example)
     print(
         f"  saved program: float {f_size / 1024:.0f} KiB, int8 {q_size / 1024:.0f} KiB "
-        f"({f_size / q_size:.1f}x smaller)\n"
+        f"({f_size / q_size:.1f}x smaller)"
     )
+    _lowered(model, quantized, example, test)
+    print()
     return 0
+
+
+def _lowered(model: Any, quantized: Any, example: tuple, test: Any) -> None:
+    """The reference model on ExecuTorch's XNNPACK kernels: accuracy, agreement, size, speed."""
+    import qviz
+    from qviz.errors import MissingDependencyError
+
+    try:
+        lowered = qviz.lower(quantized, example, backend="xnnpack")
+    except MissingDependencyError as exc:
+        print(f"  lowered: skipped ({exc})")
+        return
+    step = float(quantized.plan.groups[-1].qparams.scale)
+    worst, right, total = 0.0, 0, 0
+    for x, y in test:
+        out = lowered(x)
+        worst = max(worst, float((out - quantized(x)).abs().max()) / step)
+        right, total = right + int((out.argmax(1) == y).sum()), total + len(y)
+    counts = lowered.kernel_counts()
+    float_ms = _median_ms(model, example[0][:1])
+    print(
+        f"  lowered to ExecuTorch XNNPACK in {lowered.lowering_seconds:.1f} s: accuracy "
+        f"{right / total:.2%}, at most {worst:.0f} output step(s) from the reference; "
+        f"{counts.get('integer', 0)} operators on int8 kernels, {counts.get('float', 0)} on "
+        f"float; .pte {lowered.size_bytes / 1024:.0f} KiB; batch 1: "
+        f"{lowered.latency(1) * 1e3:.3f} ms (float eager {float_ms:.3f} ms)"
+    )
+
+
+def _median_ms(model: Any, x: Any, repeats: int = 20) -> float:
+    import statistics
+    import time
+
+    import torch
+
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def _user_model(spec: str) -> tuple[Any, list[Any]]:

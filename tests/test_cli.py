@@ -32,6 +32,14 @@ def test_no_arguments_runs_the_main_job(capsys, tmp_path, monkeypatch):
     assert "five worst operators by local SQNR" in out  # the numeric suite
     assert "local dB" in out and "cumulative dB" in out
     assert "Numeric suite" in html
+    # the reference model on ExecuTorch's XNNPACK kernels, measured against the reference
+    pattern = (
+        r"lowered to ExecuTorch XNNPACK .*accuracy ([\d.]+)%, at most (\d+) "
+        r"output step.* (\d+) operators on int8 kernels, 0 on float"
+    )
+    lowered = re.search(pattern, out)
+    assert lowered, out
+    assert int(lowered.group(2)) <= 1 and int(lowered.group(3)) >= 6
 
 
 def test_quantize_reports_float_and_int8_accuracy(capsys):
