@@ -22,6 +22,7 @@ from qviz.numeric.calibration import (
 )
 from qviz.numeric.compare import compare
 from qviz.numeric.detail import LayerDetail, layer_detail
+from qviz.numeric.lowered import LoweringComparison, compare_lowered
 from qviz.numeric.metrics import clipped_fraction, sqnr
 from qviz.numeric.qat_monitor import QATMonitor, QATRecord
 from qviz.numeric.report import NumericReport
@@ -30,6 +31,7 @@ from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 __all__ = [
     "CalibrationChoice",
     "LayerDetail",
+    "LoweringComparison",
     "NumericReport",
     "QATMonitor",
     "QATRecord",
@@ -38,6 +40,7 @@ __all__ = [
     "compare",
     "compare_calibrators",
     "compare_configs",
+    "compare_lowered",
     "fallback",
     "layer_detail",
     "layer_tensors",

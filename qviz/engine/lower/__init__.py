@@ -110,14 +110,14 @@ def lower(
         from qviz.engine.lower.xnnpack import lower_xnnpack as lower_to
     else:
         from qviz.engine.lower.onnxruntime import lower_onnxruntime as lower_to
-    run, records, size, written = lower_to(
+    run, records, artifact, written = lower_to(
         converted, example_inputs, dynamic, Path(path) if path is not None else None
     )
     return LoweredModel(
         run,
         backend=backend,
         kernels=records,
-        size_bytes=size,
+        artifact=artifact,
         example_inputs=example_inputs,
         fingerprint=fingerprint(converted),
         lowering_seconds=time.perf_counter() - start,

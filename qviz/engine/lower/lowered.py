@@ -61,7 +61,8 @@ class LoweredModel(nn.Module):
     Attributes:
         backend: ``"onnxruntime"`` or ``"xnnpack"``.
         kernels: a :class:`KernelRecord` per operator of the lowered program.
-        size_bytes: the lowered artifact's size (the ``.onnx`` file, the ``.pte`` program).
+        artifact: the lowered artifact's bytes (the ``.onnx`` file, the ``.pte`` program).
+        size_bytes: its size.
         path: where the artifact was written, or None (kept in memory).
         lowering_seconds: how long lowering took.
         fingerprint: the converted model's fingerprint (what this lowered model measures).
@@ -74,7 +75,7 @@ class LoweredModel(nn.Module):
         *,
         backend: str,
         kernels: Sequence[KernelRecord],
-        size_bytes: int,
+        artifact: bytes,
         example_inputs: tuple[Any, ...],
         fingerprint: Fingerprint,
         lowering_seconds: float,
@@ -85,7 +86,8 @@ class LoweredModel(nn.Module):
         self._run = run
         self.backend = backend
         self.kernels = tuple(kernels)
-        self.size_bytes = int(size_bytes)
+        self.artifact = artifact
+        self.size_bytes = len(artifact)
         self.path = path
         self.fingerprint = fingerprint
         self.lowering_seconds = float(lowering_seconds)

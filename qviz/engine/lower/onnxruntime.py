@@ -105,8 +105,8 @@ def classify(nodes: list[Any], inputs_from: dict[str, str]) -> list[KernelRecord
 
 def lower_onnxruntime(
     converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
-) -> tuple[Any, list[KernelRecord], int, Path | None]:
-    """Export, optimise and load; the run function, the records, the file size and its path."""
+) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
+    """Export, optimise and load; the run function, the records, the file's bytes and path."""
     from qviz.engine.onnx.export import _import, export_onnx
 
     ort = _import("onnxruntime")
@@ -126,7 +126,7 @@ def lower_onnxruntime(
     graph = onnx.load(str(optimised)).graph
     produced = {out: node.op_type for node in graph.node for out in node.output}
     records = classify(list(graph.node), produced)
-    size = target.stat().st_size
+    artifact = target.read_bytes()
     names = [i.name for i in session.get_inputs()]
     optimised.unlink(missing_ok=True)
     if folder is not None:  # the session holds the model: the temporary file can go
@@ -136,4 +136,4 @@ def lower_onnxruntime(
         feed = {n: x.numpy() for n, x in zip(names, inputs, strict=True)}
         return [torch.from_numpy(o) for o in session.run(None, feed)]
 
-    return run, records, size, (None if folder is not None else target)
+    return run, records, artifact, (None if folder is not None else target)

@@ -142,8 +142,8 @@ def records_of(graph_module: GraphModule) -> list[KernelRecord]:
 
 def lower_xnnpack(
     converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
-) -> tuple[Any, list[KernelRecord], int, Path | None]:
-    """Export, partition, serialise and load; the run function, records, size and path."""
+) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
+    """Export, partition, serialise and load; the run function, records, program and path."""
     exir = _import("executorch.exir")
     partitioner = _import("executorch.backends.xnnpack.partition.xnnpack_partitioner")
     runtime = _import("executorch.runtime")
@@ -162,4 +162,4 @@ def lower_xnnpack(
     def run(inputs: list[torch.Tensor], _keep: tuple = (buffer, loaded)) -> list[torch.Tensor]:
         return [o.clone() for o in method.execute(inputs)]
 
-    return run, records, len(buffer), (Path(path) if path is not None else None)
+    return run, records, bytes(buffer), (Path(path) if path is not None else None)

@@ -1,0 +1,239 @@
+"""Reference -> real kernels, operator by operator: where does the lowered model depart?
+
+:func:`compare_lowered` runs the converted model (the reference) and its lowered program on
+the same batches and compares every quantized activation, in integers: for each quantize
+operator of the reference (the output of a conv, an add, a pooling, ...) the lowered program's
+integers for the same tensor, so each difference is counted in steps of that tensor's own grid.
+A row per quantized tensor says how many elements differ and by how many steps at most; the first
+tensor that departs by more than one step is where the lowered program stops computing what the
+reference computes (one step is the rounding an integer kernel's requantization may differ by).
+
+Granularity per backend: ``"onnxruntime"``, every quantized tensor (each QuantizeLinear's output
+becomes an output of the optimised session, whose fused kernels keep those names).
+``"xnnpack"``: ExecuTorch runs a delegate as one call, so only the model's outputs can be
+compared (:func:`compare_lowered` says so and compares those).
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> x = torch.randn(16, 4)
+    >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval(), (x,))
+    >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+    ...     get_symmetric_quantization_config()))
+    >>> _ = qviz.calibrate(p, x, progress=False)
+    >>> converted = qviz.convert_pt2e(p)
+    >>> result = compare_lowered(converted, qviz.lower(converted, (x,), backend="onnxruntime"), x)
+    >>> result.first_departure is None, int(result.df["max_steps"].max()) <= 1
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Interpreter, Node
+
+from qviz.engine.graph.fingerprint import fingerprint
+from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.errors import ConfigError
+
+_QUANTIZE = ("quantize_per_tensor", "quantize_per_channel")
+
+
+@dataclass(frozen=True)
+class LoweringComparison:
+    """Per quantized tensor: the reference's integers against the lowered program's.
+
+    Attributes:
+        rows: one dict per quantized tensor, in graph order: ``tensor`` (the reference's
+            quantize node), ``op`` (the node it quantizes), ``elements``, ``differing`` (how
+            many differ), ``share`` (their fraction), ``max_steps`` (largest difference in
+            steps of the tensor's grid).
+        backend: the lowered program's backend.
+        granularity: ``"per tensor"`` or ``"model outputs"``.
+        tolerance: how many steps a tensor may differ by before it counts as departing.
+    """
+
+    rows: tuple[dict[str, Any], ...]
+    backend: str
+    granularity: str
+    tolerance: int = 1
+
+    @property
+    def df(self) -> Any:
+        """The rows as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(list(self.rows))
+
+    @property
+    def first_departure(self) -> dict[str, Any] | None:
+        """The first row (in graph order) more than ``tolerance`` steps from the reference."""
+        return next((r for r in self.rows if r["max_steps"] > self.tolerance), None)
+
+    def __repr__(self) -> str:
+        first = self.first_departure
+        where = (
+            f"first departure: {first['op']} ({first['max_steps']} steps)"
+            if first
+            else ("no tensor more than one step from the reference")
+        )
+        return f"LoweringComparison({self.backend}, {len(self.rows)} tensors {self.granularity}; {where})"  # noqa: E501
+
+
+class _Recorder(Interpreter):
+    """Runs the reference and keeps every activation quantize node's integer output."""
+
+    def __init__(self, gm: GraphModule, wanted: list[Node]) -> None:
+        super().__init__(gm)
+        self.wanted = set(wanted)
+        self.seen: dict[str, torch.Tensor] = {}
+
+    def run_node(self, n: Node) -> Any:
+        out = super().run_node(n)
+        if n in self.wanted:
+            self.seen[n.name] = out.detach()
+        return out
+
+
+def _activation_quantizes(gm: GraphModule) -> list[Node]:
+    return [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and any(q in getattr(n.target, "__name__", "") for q in _QUANTIZE)
+        and not getattr(n.target, "__name__", "").startswith("de")
+    ]
+
+
+def _session_with_quantize_outputs(artifact: bytes) -> tuple[Any, list[str]]:
+    """An optimised onnxruntime session over ``artifact`` whose outputs also hold every
+    QuantizeLinear's integers (in graph order)."""
+    from qviz.engine.onnx.export import _import
+
+    onnx, ort = _import("onnx"), _import("onnxruntime")
+    model = onnx.load_from_string(artifact)
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear":
+            zero_point = node.input[2] if len(node.input) > 2 else ""
+            elem = types.get(zero_point, onnx.TensorProto.UINT8)
+            model.graph.output.append(
+                onnx.helper.make_tensor_value_info(node.output[0], elem, None)
+            )
+            names.append(node.output[0])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session, names
+
+
+def compare_lowered(
+    converted: GraphModule,
+    lowered: Any,
+    data: Any,
+    *,
+    tolerance: int = 1,
+    max_batches: int | None = None,
+) -> LoweringComparison:
+    """Compare ``lowered`` with ``converted`` (its reference), tensor by tensor, on ``data``.
+
+    Args:
+        converted: the model :func:`qviz.convert_pt2e` returned.
+        lowered: ``qviz.lower(converted, ...)``: refused if it was lowered from another model.
+        data: batches, as for :func:`qviz.calibrate`.
+        tolerance: steps a tensor may differ by before it departs. One step is the rounding an
+            integer kernel's requantization may differ by; a difference upstream reaches a
+            tensor with a finer grid as several of its steps (digits on onnxruntime: one step
+            at the residual block's second conv is up to 3 steps after the add).
+        max_batches: compare at most this many batches.
+
+    Returns:
+        A :class:`LoweringComparison`: ``.df``, ``.first_departure``.
+
+    Raises:
+        ConfigError: ``lowered`` measures another model, or is not a lowered model.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> x = torch.randn(16, 4)
+        >>> gm = qviz.export(torch.nn.Linear(4, 3).eval(), (x,))
+        >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+        ...     get_symmetric_quantization_config()))
+        >>> _ = qviz.calibrate(p, x, progress=False)
+        >>> c = qviz.convert_pt2e(p)
+        >>> compare_lowered(c, qviz.lower(c, (x,), backend="onnxruntime"), x).df.columns.tolist()
+        ['tensor', 'op', 'elements', 'differing', 'share', 'max_steps']
+    """
+    if getattr(lowered, "artifact", None) is None or not hasattr(lowered, "backend"):
+        raise ConfigError(
+            f"compare_lowered needs what qviz.lower returned, got {type(lowered).__name__}"
+        )
+    if lowered.fingerprint != fingerprint(converted):
+        raise ConfigError(
+            "compare_lowered: this lowered model was lowered from another model than "
+            "`converted` (their fingerprints differ); pass the converted model you lowered"
+        )
+    if lowered.backend != "onnxruntime":
+        return _compare_outputs(converted, lowered, data, tolerance, max_batches)
+    wanted = _activation_quantizes(converted)
+    session, names = _session_with_quantize_outputs(lowered.artifact)
+    if len(names) != len(wanted):
+        raise ConfigError(
+            f"compare_lowered: the ONNX program has {len(names)} QuantizeLinear operators, the "
+            f"converted model {len(wanted)} activation quantize operators; they do not pair up"
+        )
+    inputs = [i.name for i in session.get_inputs()]
+    totals = [[0, 0, 0] for _ in wanted]  # elements, differing, max steps
+    for i, batch in enumerate(batches_of(data, "compare_lowered")):
+        if max_batches is not None and i >= max_batches:
+            break
+        args = bind_batch(converted, batch, f"compare_lowered batch {i}").args
+        recorder = _Recorder(converted, wanted)
+        with torch.no_grad():
+            recorder.run(*args)
+        feed = {n: a.detach().cpu().numpy() for n, a in zip(inputs, args, strict=True)}
+        got = session.run(names, feed)
+        for total, node, theirs in zip(totals, wanted, got, strict=True):
+            ours = recorder.seen[node.name].to(torch.int64)
+            steps = (torch.from_numpy(theirs).to(torch.int64) - ours).abs()
+            total[0] += steps.numel()
+            total[1] += int((steps > 0).sum())
+            total[2] = max(total[2], int(steps.max()) if steps.numel() else 0)
+    rows = tuple(
+        {
+            "tensor": node.name,
+            "op": node.args[0].name if isinstance(node.args[0], Node) else str(node.args[0]),
+            "elements": n,
+            "differing": d,
+            "share": d / n if n else 0.0,
+            "max_steps": m,
+        }
+        for node, (n, d, m) in zip(wanted, totals, strict=True)
+    )
+    return LoweringComparison(rows, lowered.backend, "per tensor", tolerance)
+
+
+def _compare_outputs(
+    converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
+) -> LoweringComparison:
+    """The model outputs only, in steps of the output's grid (a delegate runs as one call)."""
+    plan = getattr(converted, "plan", None)
+    step = float(plan.groups[-1].qparams.scale) if plan is not None and plan.groups else 1.0
+    n = d = m = 0
+    for i, batch in enumerate(batches_of(data, "compare_lowered")):
+        if max_batches is not None and i >= max_batches:
+            break
+        args = bind_batch(converted, batch, f"compare_lowered batch {i}").args
+        with torch.no_grad():
+            steps = ((lowered(*args) - converted(*args)).abs() / step).round()
+        n, d, m = n + steps.numel(), d + int((steps > 0).sum()), max(m, int(steps.max()))
+    row = {"tensor": "output", "op": "output", "elements": n, "differing": d,
+           "share": d / n if n else 0.0, "max_steps": m}  # fmt: skip
+    return LoweringComparison((row,), lowered.backend, "model outputs", tolerance)
