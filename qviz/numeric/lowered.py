@@ -182,6 +182,13 @@ def compare_lowered(
         )
     if lowered.backend != "onnxruntime":
         return _compare_outputs(converted, lowered, data, tolerance, max_batches)
+    return _compare_tensors(converted, lowered, data, tolerance, max_batches)
+
+
+def _compare_tensors(
+    converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
+) -> LoweringComparison:
+    """Every quantized tensor: the reference's integers against onnxruntime's."""
     wanted = _activation_quantizes(converted)
     session, names = _session_with_quantize_outputs(lowered.artifact)
     if len(names) != len(wanted):
@@ -191,10 +198,7 @@ def compare_lowered(
         )
     inputs = [i.name for i in session.get_inputs()]
     totals = [[0, 0, 0] for _ in wanted]  # elements, differing, max steps
-    for i, batch in enumerate(batches_of(data, "compare_lowered")):
-        if max_batches is not None and i >= max_batches:
-            break
-        args = bind_batch(converted, batch, f"compare_lowered batch {i}").args
+    for args in _bound_batches(converted, data, max_batches):
         recorder = _Recorder(converted, wanted)
         with torch.no_grad():
             recorder.run(*args)
@@ -202,22 +206,33 @@ def compare_lowered(
         got = session.run(names, feed)
         for total, node, theirs in zip(totals, wanted, got, strict=True):
             ours = recorder.seen[node.name].to(torch.int64)
-            steps = (torch.from_numpy(theirs).to(torch.int64) - ours).abs()
-            total[0] += steps.numel()
-            total[1] += int((steps > 0).sum())
-            total[2] = max(total[2], int(steps.max()) if steps.numel() else 0)
+            _tally(total, (torch.from_numpy(theirs).to(torch.int64) - ours).abs())
     rows = tuple(
-        {
-            "tensor": node.name,
-            "op": node.args[0].name if isinstance(node.args[0], Node) else str(node.args[0]),
-            "elements": n,
-            "differing": d,
-            "share": d / n if n else 0.0,
-            "max_steps": m,
-        }
-        for node, (n, d, m) in zip(wanted, totals, strict=True)
+        _row(node.name, node.args[0].name if isinstance(node.args[0], Node) else "", *total)
+        for node, total in zip(wanted, totals, strict=True)
     )
     return LoweringComparison(rows, lowered.backend, "per tensor", tolerance)
+
+
+def _bound_batches(converted: GraphModule, data: Any, max_batches: int | None) -> Any:
+    """Each batch's positional inputs, through the one batch path (at most ``max_batches``)."""
+    for i, batch in enumerate(batches_of(data, "compare_lowered")):
+        if max_batches is not None and i >= max_batches:
+            return
+        yield bind_batch(converted, batch, f"compare_lowered batch {i}").args
+
+
+def _tally(total: list[int], steps: torch.Tensor) -> None:
+    """Add one batch's differences (in steps) to ``[elements, differing, max steps]``."""
+    total[0] += steps.numel()
+    total[1] += int((steps > 0).sum())
+    total[2] = max(total[2], int(steps.max()) if steps.numel() else 0)
+
+
+def _row(tensor: str, op: str, elements: int, differing: int, max_steps: int) -> dict[str, Any]:
+    share = differing / elements if elements else 0.0
+    return {"tensor": tensor, "op": op, "elements": elements, "differing": differing,
+            "share": share, "max_steps": max_steps}  # fmt: skip
 
 
 def _compare_outputs(
@@ -226,14 +241,9 @@ def _compare_outputs(
     """The model outputs only, in steps of the output's grid (a delegate runs as one call)."""
     plan = getattr(converted, "plan", None)
     step = float(plan.groups[-1].qparams.scale) if plan is not None and plan.groups else 1.0
-    n = d = m = 0
-    for i, batch in enumerate(batches_of(data, "compare_lowered")):
-        if max_batches is not None and i >= max_batches:
-            break
-        args = bind_batch(converted, batch, f"compare_lowered batch {i}").args
+    total = [0, 0, 0]
+    for args in _bound_batches(converted, data, max_batches):
         with torch.no_grad():
-            steps = ((lowered(*args) - converted(*args)).abs() / step).round()
-        n, d, m = n + steps.numel(), d + int((steps > 0).sum()), max(m, int(steps.max()))
-    row = {"tensor": "output", "op": "output", "elements": n, "differing": d,
-           "share": d / n if n else 0.0, "max_steps": m}  # fmt: skip
+            _tally(total, ((lowered(*args) - converted(*args)).abs() / step).round())
+    row = _row("output", "output", *total)
     return LoweringComparison((row,), lowered.backend, "model outputs", tolerance)

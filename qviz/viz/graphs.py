@@ -1,5 +1,20 @@
 """``qviz.viz.graph``: draw a model at its stage (float, annotated, observed, converted).
 
+The annotated graph (a quantizer's ``annotate`` ran, not prepared yet) labels each edge
+with its input spec (``int8 [-127,127] sym/ch0``, ``fixed s=0.0039 zp=-128``,
+``shares (x -> add)``) and each op with its output spec; full text in tooltips.
+
+The observed graph reads ``model.plan``: every observer is a small marker ``gN`` on the
+edges it observes, in its sharing group's colour; ops the plan left in float are grey with
+the reason as tooltip. The converted graph labels quantize/dequantize with the plan's scale
+and zero_point and marks integer weights.
+
+A graph exported from a quant_nn model (``qviz.export(quantize_model(m), inputs)``) draws
+each TensorQuantizer as one marker on the edge it quantizes, its arithmetic hidden:
+``int8 amax=4.52 scale=0.0356 entropy`` (scale = amax / quant_max), the range for a
+per-channel weight quantizer, ``dynamic`` without amax; disabled quantizers are not drawn
+(:mod:`qviz.viz.quantizer_view`).
+
 Example:
     >>> import torch, qviz
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -134,7 +149,10 @@ def _table_values(df: Any, column: str | None) -> tuple[dict[str, float], str]:
 
 
 def _metric_values(metrics: Any, column: str | None) -> tuple[dict[str, float], str]:
-    """The metric per node name (the worst, lowest, where a name repeats) and its name."""
+    """The metric per node name (the worst, lowest, where a name repeats) and its name, from a
+    mapping ``{node_name: float}``, a DataFrame with a ``"node"`` column (or indexed by node
+    name), or an object with such a ``.df``. Each op box shows its value, the legend a colour
+    bar; names not in the graph are warned about and skipped."""
     if metrics is None:
         return {}, ""
     table = getattr(metrics, "df", metrics)
@@ -201,22 +219,7 @@ def graph(
     higher_is_better: bool = True,
 ) -> QGraph:
     """Draw ``model`` at its stage: captured float, annotated, observed (prepared), converted,
-    or exported from a model of quant_nn layers.
-
-    The annotated graph (a quantizer's ``annotate`` ran, not prepared yet) labels each edge
-    with its input spec (``int8 [-127,127] sym/ch0``, ``fixed s=0.0039 zp=-128``,
-    ``shares (x -> add)``) and each op with its output spec; full text in tooltips.
-
-    The observed graph reads ``model.plan``: every observer is a small marker ``gN`` on the
-    edges it observes, in its sharing group's colour; ops the plan left in float are grey with
-    the reason as tooltip. The converted graph labels quantize/dequantize with the plan's scale
-    and zero_point and marks integer weights.
-
-    A graph exported from a quant_nn model (``qviz.export(quantize_model(m), inputs)``) draws
-    each TensorQuantizer as one marker on the edge it quantizes, its arithmetic hidden:
-    ``int8 amax=4.52 scale=0.0356 entropy`` (scale = amax / quant_max), the range for a
-    per-channel weight quantizer, ``dynamic`` without amax; disabled quantizers are not drawn
-    (:mod:`qviz.viz.quantizer_view`).
+    or exported from a model of quant_nn layers (what each shows: ``qviz.viz.graphs``).
 
     Args:
         model: a graph module from :func:`qviz.export`, :func:`qviz.prepare_pt2e` or
@@ -225,12 +228,9 @@ def graph(
             each, labelled with the path and op count.
         highlight: node names or module paths drawn with a thick red outline.
         show_params: also draw parameters and constants (get_attr nodes).
-        metrics: a value per node to colour op boxes by, low red to high green, with the value
-            in the box and a colour bar in the legend (e.g. per-layer SQNR in dB): a mapping
-            ``{node_name: float}``, a pandas DataFrame with a ``"node"`` column (or indexed by
-            node name), or an object with such a ``.df``. A collapsed box shows its members'
-            lowest value; names not in the graph are warned about and skipped. A numeric
-            report of another model (its fingerprint) is refused.
+        metrics: a value per node to colour op boxes by, low red to high green (e.g. per-layer
+            SQNR): ``{node_name: float}``, a DataFrame with a ``"node"`` column, or a report
+            (``.df``); a collapsed box shows its lowest value; another model's report is refused.
         metric_column: the DataFrame column to draw (default: its first numeric column); for a
             mapping, the name the legend and boxes give the values.
         metric_range: ``(low, high)`` for the colour scale, so that several drawings compare
@@ -241,19 +241,15 @@ def graph(
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
 
     Raises:
-        ConfigError: ``model`` is not a graph module, ``collapse`` is malformed, or ``metrics``
-            is not numeric per node (or ``metric_column`` is not one of its columns).
+        ConfigError: not a graph module, or a bad ``collapse``, ``metrics`` or ``metric_column``.
         MissingDependencyError: the graphviz package (or, to render, the dot program) is missing.
 
     Example:
         >>> import torch, qviz
-        >>> g = graph(qviz.export(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.ones(1, 2),)),
-        ...           collapse=1)
-        >>> [n.label for n in g.view.nodes if n.kind == "collapsed"]
+        >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.ones(1, 2),))
+        >>> [n.label for n in graph(gm, collapse=1).view.nodes if n.kind == "collapsed"]
         ['0']
-        >>> g = graph(qviz.export(torch.nn.Linear(2, 2), (torch.ones(1, 2),)),
-        ...           metrics={"linear": 31.5}, metric_column="SQNR dB")
-        >>> "SQNR dB 31.5" in g.dot
+        >>> "SQNR dB 31.5" in graph(gm, metrics={"linear": 31.5}, metric_column="SQNR dB").dot
         True
     """
     if not isinstance(model, GraphModule):
@@ -261,10 +257,9 @@ def graph(
             f"graph() draws a graph module, got {type(model).__name__}: pass "
             f"qviz.export(model, inputs), or the result of prepare_pt2e / convert_pt2e"
         )
-    if metrics is not None:  # a report knows its model: another model's is refused
-        check_fingerprint(metrics, model, "graph(metrics=...)")
     view = read_graph(model, show_params=show_params)
     if metrics is not None:
+        check_fingerprint(metrics, model, "graph(metrics=...)")  # another model's is refused
         view = _with_metrics(view, *_metric_values(metrics, metric_column))
         view = replace(
             view, metric_span=_span(metric_range), higher_is_better=bool(higher_is_better)

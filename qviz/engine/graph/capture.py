@@ -17,6 +17,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.graph.debug_handles import assign_handles
+from qviz.engine.graph.inputs import example_tuple
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.errors import ConfigError, QvizError
 
@@ -85,50 +86,64 @@ def export(
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"export needs an nn.Module, got {type(model).__name__}")
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if not isinstance(example_inputs, tuple):
-        raise ConfigError(
-            f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}: "
-            f"wrap a single input as (x,)"
-        )
+    example_inputs = example_tuple(example_inputs)
     if dynamic_batch:
         if dynamic_shapes is not None:
             raise ConfigError("give dynamic_batch=True or dynamic_shapes, not both")
         dynamic_shapes = dynamic_batch_shapes(example_inputs)
     try:
-        try:
-            program = torch.export.export(
-                model, example_inputs, kwargs=example_kwargs, dynamic_shapes=dynamic_shapes,
-                strict=strict,
-            )  # fmt: skip
-        except Exception as exc:
-            cap = _kernel_batch_limit(exc) if dynamic_batch else None
-            if cap is None:
-                raise
-            # a kernel caps the batch (CUDA's convolutions take at most 65535): the graph
-            # takes any batch up to that cap
-            program = torch.export.export(
-                model, example_inputs, kwargs=example_kwargs,
-                dynamic_shapes=dynamic_batch_shapes(example_inputs, cap), strict=strict,
-            )  # fmt: skip
+        program = _export_program(
+            model, example_inputs, example_kwargs, dynamic_shapes, dynamic_batch, strict
+        )
     except Exception as exc:  # torch.export raises many types; report them all the same way
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if dynamic_batch and "Constraints violated (batch)" in first:
-            raise ConfigError(
-                f"qviz.export(dynamic_batch=True): {type(model).__name__}'s code fixes the batch "
-                f"size (e.g. x.reshape(<batch>, -1)); write it from the input (x.shape[0], or "
-                f"-1), or export without dynamic_batch ({first})"
-            ) from exc
-        raise QvizError(
-            f"torch.export could not capture {type(model).__name__}: "
-            f"{type(exc).__name__}: {first}. "
-            f"Make the failing code export-friendly (no data-dependent Python control flow), try "
-            f"strict={not strict}, or quantize an exportable submodule"
-        ) from exc
+        raise _capture_error(exc, model, dynamic_batch, strict) from exc
     # the numeric suite matches operators by the handles; train() / eval() raise qviz's
     # ExportedModeError (why, and the fix) instead of torch's bare NotImplementedError
     return disallow_train_eval(assign_handles(program.module()))
+
+
+def _export_program(
+    model: nn.Module,
+    example_inputs: tuple[Any, ...],
+    example_kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+    dynamic_batch: bool,
+    strict: bool,
+) -> Any:
+    """``torch.export.export``; with a dynamic batch that a kernel caps (CUDA's convolutions
+    take at most 65535), again with that cap as the batch's maximum."""
+    try:
+        return torch.export.export(
+            model, example_inputs, kwargs=example_kwargs, dynamic_shapes=dynamic_shapes,
+            strict=strict,
+        )  # fmt: skip
+    except Exception as exc:
+        cap = _kernel_batch_limit(exc) if dynamic_batch else None
+        if cap is None:
+            raise
+        return torch.export.export(
+            model, example_inputs, kwargs=example_kwargs,
+            dynamic_shapes=dynamic_batch_shapes(example_inputs, cap), strict=strict,
+        )  # fmt: skip
+
+
+def _capture_error(
+    exc: Exception, model: nn.Module, dynamic_batch: bool, strict: bool
+) -> Exception:
+    """The QvizError for torch.export's failure ``exc``, with the fix it calls for."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if dynamic_batch and "Constraints violated (batch)" in first:
+        return ConfigError(
+            f"qviz.export(dynamic_batch=True): {type(model).__name__}'s code fixes the batch "
+            f"size (e.g. x.reshape(<batch>, -1)); write it from the input (x.shape[0], or "
+            f"-1), or export without dynamic_batch ({first})"
+        )
+    return QvizError(
+        f"torch.export could not capture {type(model).__name__}: "
+        f"{type(exc).__name__}: {first}. "
+        f"Make the failing code export-friendly (no data-dependent Python control flow), try "
+        f"strict={not strict}, or quantize an exportable submodule"
+    )
 
 
 def _kernel_batch_limit(exc: Exception) -> int | None:

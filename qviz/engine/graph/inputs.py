@@ -386,3 +386,21 @@ def batch_and_dtype(gm: GraphModule) -> tuple[Any, str] | None:
             batch = val.shape[0]
             return (None if isinstance(batch, torch.SymInt) else int(batch)), str(val.dtype)
     return None
+
+
+def example_tuple(example_inputs: Any, where: str = "") -> tuple[Any, ...]:
+    """``example_inputs`` as the tuple ``torch.export`` takes: a single tensor is wrapped; any
+    other non-tuple is a ConfigError (prefixed with ``where``) saying how to pass it.
+
+    Example:
+        >>> len(example_tuple(torch.ones(2))), example_tuple((1, 2))
+        (1, (1, 2))
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if not isinstance(example_inputs, tuple):
+        raise ConfigError(
+            f"{where}{': ' if where else ''}example_inputs must be a tuple of inputs, got "
+            f"{type(example_inputs).__name__}: wrap a single input as (x,)"
+        )
+    return example_inputs

@@ -31,7 +31,7 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine.graph.fingerprint import fingerprint
-from qviz.engine.graph.inputs import batch_and_dtype, check_inputs
+from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple
 from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.lower.lowered import KernelRecord, LoweredModel
 from qviz.errors import ConfigError
@@ -54,13 +54,7 @@ def _check(converted: Any, example_inputs: Any, backend: Any) -> tuple[Any, ...]
             f"lower needs the model qviz.convert_pt2e returns, got {got}: prepare, calibrate "
             f"and convert first"
         )
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if not isinstance(example_inputs, tuple):
-        raise ConfigError(
-            f"lower: example_inputs must be a tuple of inputs, got "
-            f"{type(example_inputs).__name__}: wrap a single input as (x,)"
-        )
+    example_inputs = example_tuple(example_inputs, "lower")
     check_inputs(converted, example_inputs, where="lower: example_inputs")
     return example_inputs
 

@@ -63,7 +63,7 @@ from torch.fx import GraphModule
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.graph.fingerprint import check_fingerprint
-from qviz.engine.graph.inputs import batch_and_dtype, check_inputs
+from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple
 from qviz.engine.graph.node_data import (
     REPORT_COLUMNS,
     SCALE,
@@ -311,11 +311,12 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def _torch_onnx(model: nn.Module, args: tuple, opset: int, **options: Any) -> Any:
-    """``torch.onnx.export`` without its own optimization, its errors as OnnxExportError."""
+    """``torch.onnx.export`` without its own optimization, tidied (:func:`_tidy`); its errors
+    as OnnxExportError."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*training mode.*")
-            return torch.onnx.export(
+            program = torch.onnx.export(
                 model, args, None, dynamo=True, opset_version=opset, optimize=False,
                 verbose=False, **options,
             )  # fmt: skip
@@ -332,6 +333,8 @@ def _torch_onnx(model: nn.Module, args: tuple, opset: int, **options: Any) -> An
         raise OnnxExportError(
             f"torch.onnx could not export {type(model).__name__}: {cause}; {fix}"
         ) from exc
+    _tidy(program.model)
+    return program
 
 
 def _keep_qdq(node: Any) -> bool | None:
@@ -440,6 +443,25 @@ def _write(program: Any, path: Path) -> Any:
     return onnx.load(str(path))
 
 
+def _export_options(
+    source: str, ranges: tuple[OnnxRange, ...], example: tuple, dynamic_batch: bool, opset: int
+) -> dict[str, Any]:
+    """torch.onnx's options: a dynamic batch (refused for TensorQuantizer models, which torch
+    cannot trace with one), and the int16 fake-quantize translations when a range needs them."""
+    options: dict[str, Any] = {}
+    if dynamic_batch:
+        if source == "tensor_quantizer" and ranges:
+            raise ConfigError(
+                f"export_onnx(dynamic_batch=True): torch cannot trace the fake-quantize ops of "
+                f"{len(ranges)} enabled TensorQuantizer(s) with a dynamic batch; export with "
+                f"dynamic_batch=False (the file then takes the example's batch)"
+            )
+        options["dynamic_shapes"] = dynamic_batch_shapes(example)
+    if any(r.onnx_type in ("int16", "uint16") for r in ranges):  # only fake_quantize ops use it
+        options["custom_translation_table"] = _fake_quant_translations(opset)
+    return options
+
+
 def export_onnx(
     model: nn.Module,
     example_inputs: tuple[Any, ...] | torch.Tensor,
@@ -451,8 +473,7 @@ def export_onnx(
 ) -> OnnxExport:
     """Export a quantized model to an ONNX QuantizeLinear / DequantizeLinear graph at ``path``.
 
-    ``model`` is not changed: a converted graph is rewritten on a copy, and TensorQuantizers
-    are switched to torch's fake-quantize ops (``fb_fake_quant``) on a copy.
+    ``model`` is not changed: a copy is rewritten (TensorQuantizers: ``fb_fake_quant``).
 
     Args:
         model: a model converted by ``qviz.convert_pt2e``, or a model holding TensorQuantizers
@@ -462,27 +483,21 @@ def export_onnx(
         opset: ONNX opset, :data:`MIN_OPSET` or later; int16 / uint16 ranges need 21.
         dynamic_batch: make dimension 0 of every tensor input dynamic. (Not for TensorQuantizer
             models: torch cannot trace its fake-quantize ops with a dynamic batch.)
-        report: the :class:`~qviz.numeric.report.NumericReport` of :func:`qviz.numeric.compare`
-            for this converted model: each operator's ONNX node(s) then carry ``qviz.local_sqnr``,
-            ``qviz.cumulative_sqnr``, ``qviz.clipped``, ``qviz.scale`` and ``qviz.node`` as
-            metadata properties, and the model ``qviz.numeric_report`` and
-            ``qviz.output_sqnr``; Netron shows both (:mod:`qviz.engine.onnx.metadata`).
+        report: this converted model's :func:`qviz.numeric.compare` report: its figures become
+            the ONNX nodes' and model's ``qviz.*`` metadata properties (``qviz.local_sqnr``,
+            ``qviz.output_sqnr``, ...), which Netron shows (:mod:`qviz.engine.onnx.metadata`).
 
     Returns:
         An :class:`OnnxExport`: the path, the ``onnx.ModelProto``, the node count per operator
-        (``.quantize_linear`` / ``.dequantize_linear``: one per quantize / dequantize of a
-        converted graph, one pair per enabled TensorQuantizer) and how each range is written.
+        (``.quantize_linear``, ``.dequantize_linear``) and how each range is written.
 
     Raises:
         OnnxExportError: a range the opset cannot express (int16 before opset 21), a
-            TensorQuantizer on several axes, without amax, still calibrating or returning
-            integers, dynamic or affine quantization, or torch.onnx's failure with its cause.
-        ConfigError: a bad opset, a model that is not an nn.Module, a report that is not
-            the numeric report of this converted model, a path no file can be written to (a
-            folder, under a file, unwritable), example inputs of another batch size or dtype
-            than the converted graph was exported for (or that an eager model cannot run),
-            ``dynamic_batch=True`` for a graph exported with a fixed batch or for enabled
-            TensorQuantizers, or a dynamic batch with an example batch below 2.
+            TensorQuantizer ONNX cannot write (several axes, no amax, still calibrating), dynamic
+            or affine quantization, or torch.onnx's failure with its cause.
+        ConfigError: a bad opset, model, report (another model's), path (a folder, under a
+            file, unwritable) or example inputs (not what the graph was exported for), or
+            ``dynamic_batch=True`` where the file could not take any batch; each names the fix.
         MissingDependencyError: onnx or onnxscript is not installed.
 
     Example:
@@ -496,30 +511,13 @@ def export_onnx(
     """
     opset = _check_opset(opset)
     target = _check_path(path)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if not isinstance(example_inputs, tuple):
-        raise ConfigError(
-            f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}: "
-            f"wrap a single input as (x,)"
-        )
+    example_inputs = example_tuple(example_inputs)
     ready, source, ranges = _prepare(model, opset)
     values = _report_values(report, model, ready, source)
-    options: dict[str, Any] = {}
-    if dynamic_batch:
-        if source == "tensor_quantizer" and ranges:
-            raise ConfigError(
-                f"export_onnx(dynamic_batch=True): torch cannot trace the fake-quantize ops of "
-                f"{len(ranges)} enabled TensorQuantizer(s) with a dynamic batch; export with "
-                f"dynamic_batch=False (the file then takes the example's batch)"
-            )
-        options["dynamic_shapes"] = dynamic_batch_shapes(example_inputs)
+    options = _export_options(source, ranges, example_inputs, dynamic_batch, opset)
     _check_example(ready, source, example_inputs, dynamic_batch)
-    if any(r.onnx_type in ("int16", "uint16") for r in ranges):  # only fake_quantize ops use it
-        options["custom_translation_table"] = _fake_quant_translations(opset)
     with fb_fake_quant(ready):
         program = _torch_onnx(ready, example_inputs, opset, **options)
-    _tidy(program.model)
     placed = _annotate(program, ready, values, report) if report is not None else {}
     proto = _write(program, target)
     counts = Counter(n.op_type for n in proto.graph.node)
