@@ -8,6 +8,12 @@ stayed between a dequantize and a quantize: onnxruntime has no integer kernel fo
 or the converted model left it in float), a quantize / dequantize boundary, or data movement
 (reshape, pooling, padding, in the dtype of what it is given).
 
+onnxruntime's x86 integer kernels take uint8 activations with int8 weights: its optimiser turns an
+int8 activation into uint8 only where one quantize feeds one dequantize, so a tensor read by two
+operators (a residual connection) would leave its producer and both readers on float kernels. The
+lowered program therefore states every int8 activation grid as the uint8 grid with zero point
++128, which holds exactly the same values; weights stay int8.
+
 Example:
     >>> import torch, qviz
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -54,6 +60,7 @@ _DATA_OPS = {
     "Slice",
     "Gather",
     "MaxPool",
+    "NhwcMaxPool",
     "Pad",
     "Identity",
     "Shape",
@@ -64,6 +71,68 @@ _DATA_OPS = {
     "ReorderInput",
     "ReorderOutput",
 }
+
+
+_ACTIVATION_SHIFT = 128  # int8 grid -> uint8 grid: the same values, zero point + 128
+
+
+def uint8_activations(model: Any) -> int:
+    """Restate every int8 activation grid of ``model`` (an ``onnx.ModelProto``, edited in
+    place) as uint8 with zero point + 128; the number of quantize operators restated.
+
+    An activation is a QuantizeLinear's output and the DequantizeLinear operators that read it;
+    a weight's DequantizeLinear (it reads an initializer) keeps int8. A zero point shared with a
+    weight gets its own uint8 copy.
+
+    Example:
+        >>> import onnx, numpy as np
+        >>> from onnx import helper, numpy_helper
+        >>> zp = numpy_helper.from_array(np.array(-3, np.int8), "zp")
+        >>> s = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+        >>> g = helper.make_graph(
+        ...     [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+        ...      helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", 1, [2])],
+        ...     [helper.make_tensor_value_info("y", 1, [2])], [s, zp])
+        >>> m = helper.make_model(g)
+        >>> uint8_activations(m), numpy_helper.to_array(m.graph.initializer[-1]).tolist()
+        (1, 125)
+    """
+    from onnx import TensorProto, numpy_helper
+
+    graph = model.graph
+    initializers = {i.name: i for i in graph.initializer}
+    quantized = {n.output[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    restated: dict[str, str] = {}
+    count = 0
+    for node in graph.node:
+        activation = node.op_type == "QuantizeLinear" or (
+            node.op_type == "DequantizeLinear" and node.input[0] in quantized
+        )
+        zero = initializers.get(node.input[2]) if activation and len(node.input) > 2 else None
+        if zero is None or zero.data_type != TensorProto.INT8:
+            continue
+        if zero.name not in restated:
+            values = numpy_helper.to_array(zero).astype("int16") + _ACTIVATION_SHIFT
+            name = f"{zero.name}_uint8"
+            graph.initializer.append(numpy_helper.from_array(values.astype("uint8"), name))
+            restated[zero.name] = name
+        node.input[2] = restated[zero.name]
+        count += node.op_type == "QuantizeLinear"
+    _retype(graph, quantized)
+    return count
+
+
+def _retype(graph: Any, quantized: set[str]) -> None:
+    """Drop the stale int8 types recorded for the restated tensors (onnxruntime infers them)."""
+    from onnx import TensorProto
+
+    keep = [v for v in graph.value_info if v.name not in quantized]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+    for output in graph.output:
+        if output.name in quantized:
+            output.type.tensor_type.elem_type = TensorProto.UINT8
 
 
 def classify(nodes: list[Any], inputs_from: dict[str, str]) -> list[KernelRecord]:
@@ -93,14 +162,32 @@ def classify(nodes: list[Any], inputs_from: dict[str, str]) -> list[KernelRecord
         else:
             fed = {inputs_from.get(i) for i in node.input}
             reason = (
-                "between a dequantize and a quantize, but onnxruntime fused no integer kernel "
-                "for this pattern"
+                _unfused(op)
                 if "DequantizeLinear" in fed
                 else "its inputs are float: the converted model left it in float"
             )
             records.append(KernelRecord(node.name, op, "float", _WHERE, reason))
 
     return records
+
+
+#: Operators onnxruntime's CPU kernels have an integer (QLinear) form of.
+_HAS_INTEGER_FORM = {
+    "Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "AveragePool", "GlobalAveragePool",
+    "Sigmoid", "LeakyRelu", "Concat", "Softmax", "Where",
+}  # fmt: skip
+
+
+def _unfused(op: str) -> str:
+    if op in _HAS_INTEGER_FORM:
+        return (
+            "between a dequantize and a quantize, but onnxruntime's optimiser fused no integer "
+            f"kernel for this {op} (its quantize/dequantize pattern did not match)"
+        )
+    return (
+        f"between a dequantize and a quantize: onnxruntime has no integer kernel for {op}, so it "
+        f"runs in float on the dequantized values"
+    )
 
 
 def lower_onnxruntime(
@@ -118,6 +205,9 @@ def lower_onnxruntime(
     else:
         target = Path(path)
     export_onnx(converted, example_inputs, target, dynamic_batch=dynamic_batch)
+    model = onnx.load(str(target))
+    uint8_activations(model)
+    onnx.save(model, str(target))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     optimised = target.with_name(target.stem + ".optimized.onnx")
