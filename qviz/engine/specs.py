@@ -12,7 +12,10 @@ edge ``(producer, node)`` and one for the node's output.
   ``scale = act_scale * weight_scale``).
 
 Specs and annotations made by torchao (or any look-alike) are accepted too: :func:`as_qspec`
-recognises them by their fields and converts them.
+recognises them by their fields and converts them. The quantizer's annotation object itself stays
+in ``node.meta`` (a subclass keeps its extra fields, e.g. torchao's X86 annotation's
+``_is_output_of_quantized_pattern``); qviz reads it through :func:`read_annotation`, a normalised
+view, and rewrites its keys with :func:`with_specs`, which keeps the object's own type.
 
 Example:
     >>> import torch
@@ -29,6 +32,8 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +57,9 @@ __all__ = [
     "SharedQuantizationSpec",
     "as_annotation",
     "as_qspec",
+    "map_spec_keys",
+    "read_annotation",
+    "with_specs",
 ]
 
 Q_ANNOTATION_KEY = "quantization_annotation"
@@ -251,8 +259,30 @@ def _default_ch_axis(fields: dict[str, Any], where: str) -> dict[str, Any]:
     return fields | {"ch_axis": 0}
 
 
+def _is_native(annotation: Any) -> bool:
+    """An annotation of qviz's class (or a subclass) whose specs are all qviz's."""
+    if not isinstance(annotation, QuantizationAnnotation):
+        return False
+    specs = [*annotation.input_qspec_map.values(), annotation.output_qspec]
+    return all(s is None or isinstance(s, QuantizationSpecBase) for s in specs)
+
+
 def as_annotation(annotation: Any, node: Node) -> QuantizationAnnotation:
-    """qviz's annotation for a node's ``quantization_annotation`` meta (any look-alike)."""
+    """qviz's view of a node's ``quantization_annotation`` meta (any look-alike).
+
+    A qviz annotation with qviz specs is returned as it is; any other (torchao's, a subclass
+    with fields of its own) gets a new qviz annotation with converted specs, keyed by the same
+    nodes. The original object is not changed.
+
+    Example:
+        >>> import torch
+        >>> x = torch.fx.Graph().placeholder("x")
+        >>> ann = QuantizationAnnotation()
+        >>> as_annotation(ann, x) is ann
+        True
+    """
+    if _is_native(annotation):
+        return annotation
     where = node.format_node()
     if not hasattr(annotation, "input_qspec_map") or not hasattr(annotation, "output_qspec"):
         raise ConfigError(
@@ -268,3 +298,60 @@ def as_annotation(annotation: Any, node: Node) -> QuantizationAnnotation:
         allow_implicit_sharing=bool(getattr(annotation, "allow_implicit_sharing", True)),
         _annotated=bool(getattr(annotation, "_annotated", False)),
     )
+
+
+def read_annotation(node: Node) -> QuantizationAnnotation | None:
+    """qviz's view of ``node``'s annotation (see :func:`as_annotation`), or None.
+
+    Example:
+        >>> import torch
+        >>> read_annotation(torch.fx.Graph().placeholder("x")) is None
+        True
+    """
+    raw = node.meta.get(Q_ANNOTATION_KEY)
+    return None if raw is None else as_annotation(raw, node)
+
+
+def with_specs(annotation: Any, input_qspec_map: dict[Any, Any], output_qspec: Any) -> Any:
+    """A shallow copy of ``annotation`` (its own class, every other field kept) with these specs.
+
+    Example:
+        >>> ann = QuantizationAnnotation(_annotated=True)
+        >>> new = with_specs(ann, {}, None)
+        >>> new is not ann and new == ann
+        True
+    """
+    new = copy.copy(annotation)
+    try:
+        new.input_qspec_map = input_qspec_map
+        new.output_qspec = output_qspec
+    except (AttributeError, TypeError):  # a frozen look-alike
+        object.__setattr__(new, "input_qspec_map", input_qspec_map)
+        object.__setattr__(new, "output_qspec", output_qspec)
+    return new
+
+
+def map_spec_keys(spec: Any, key: Callable[[Any], Any]) -> Any:
+    """``spec`` with the edges / nodes it refers to (shared, derived) passed through ``key``;
+    the spec keeps its own class (qviz's or a look-alike's).
+
+    Example:
+        >>> map_spec_keys(None, lambda k: k) is None
+        True
+    """
+    if spec is None:
+        return None
+    if hasattr(spec, "edge_or_node"):
+        return _replaced(spec, edge_or_node=key(spec.edge_or_node))
+    if hasattr(spec, "derived_from"):
+        return _replaced(spec, derived_from=[key(k) for k in spec.derived_from])
+    return spec
+
+
+def _replaced(spec: Any, **changes: Any) -> Any:
+    if dataclasses.is_dataclass(spec):
+        return dataclasses.replace(spec, **changes)
+    new = copy.copy(spec)
+    for name, value in changes.items():
+        object.__setattr__(new, name, value)
+    return new

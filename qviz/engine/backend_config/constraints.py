@@ -28,7 +28,7 @@ from torch.fx import Node
 from qviz.engine.backend_config.dtypes import DTypeConfig, DTypeWithConstraints
 from qviz.engine.backend_config.observers import ObserverFacts
 from qviz.engine.pt2e.passes.observer_to_qdq import FLOAT_DTYPES
-from qviz.engine.specs import Q_ANNOTATION_KEY
+from qviz.engine.specs import read_annotation
 
 _FLOAT = (*FLOAT_DTYPES, None)  # None: a tensor left unquantized
 
@@ -154,7 +154,7 @@ def weight_of(anchor: Node) -> Node | None:
 def annotation_problem(config: Any, anchor: Node, last: Node) -> str | None:
     """Why the annotations of a match (first node ``anchor``, output node ``last``) fit none of
     ``config``'s DTypeConfigs, or None when one fits."""
-    annotation = anchor.meta.get(Q_ANNOTATION_KEY)
+    annotation = read_annotation(anchor)
     if annotation is None:
         return None
     weight = weight_of(anchor)
@@ -164,7 +164,7 @@ def annotation_problem(config: Any, anchor: Node, last: Node) -> str | None:
             weight_facts = spec_facts(spec)
         elif activation is None:
             activation = spec_facts(spec)
-    output = last.meta.get(Q_ANNOTATION_KEY)
+    output = read_annotation(last)
     output_facts = spec_facts(output.output_qspec) if output is not None else None
     if activation is None and output_facts is None:
         return None  # left unquantized by an edit: nothing the backend must run

@@ -1,7 +1,9 @@
 """Read and check a quantizer's annotations: the ordered specs that sharing and prepare execute.
 
-Annotations made with torchao's classes (or any look-alike) are converted to qviz's in place on
-the graph being prepared, so everything downstream sees one set of types.
+Annotations made with torchao's classes (or any look-alike) stay in ``node.meta`` as the quantizer
+wrote them (a subclass keeps its own fields); qviz reads each through
+:func:`~qviz.engine.specs.read_annotation`, a view in qviz's classes, so everything downstream
+sees one set of types.
 
 Example:
     >>> import torch
@@ -18,19 +20,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from torch.fx import GraphModule, Node
 
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
-    DerivedQuantizationSpec,
     EdgeOrNode,
-    QuantizationAnnotation,
     QuantizationSpecBase,
-    SharedQuantizationSpec,
-    as_annotation,
+    map_spec_keys,
+    read_annotation,
+    with_specs,
 )
 from qviz.errors import AnnotationError
 
@@ -81,11 +81,9 @@ def collect_specs(
     specs: dict[EdgeOrNode, QuantizationSpecBase] = {}
     implicit: dict[Node, bool] = {}
     for node in gm.graph.nodes:
-        raw = node.meta.get(Q_ANNOTATION_KEY)
-        if raw is None:
+        annotation = read_annotation(node)
+        if annotation is None:
             continue
-        annotation = as_annotation(raw, node)
-        node.meta[Q_ANNOTATION_KEY] = annotation
         implicit[node] = annotation.allow_implicit_sharing
         for producer, spec in annotation.input_qspec_map.items():
             _check_edge(node, producer)
@@ -146,14 +144,6 @@ def _rebind_key(key: Any, nodes: dict[str, Node]) -> Any:
     return key
 
 
-def _rebind_spec(spec: Any, nodes: dict[str, Node]) -> Any:
-    if isinstance(spec, SharedQuantizationSpec):
-        return SharedQuantizationSpec(_rebind_key(spec.edge_or_node, nodes))
-    if isinstance(spec, DerivedQuantizationSpec):
-        return replace(spec, derived_from=[_rebind_key(k, nodes) for k in spec.derived_from])
-    return spec
-
-
 def rebind_annotations(gm: GraphModule) -> GraphModule:
     """Point the annotations of a copied graph at the copy's own nodes (in place).
 
@@ -161,6 +151,7 @@ def rebind_annotations(gm: GraphModule) -> GraphModule:
     annotations (``input_qspec_map`` keys, shared and derived specs) pointing at the original
     graph; convert works on a copy, and the passes after it (one dequantize per consumer,
     metadata porting) follow annotation keys through the graph, so they are rebound by name.
+    Each annotation keeps its own class and fields (see :func:`~qviz.engine.specs.with_specs`).
 
     Example:
         >>> import copy, torch
@@ -174,16 +165,20 @@ def rebind_annotations(gm: GraphModule) -> GraphModule:
         True
     """
     nodes = {n.name: n for n in gm.graph.nodes}
+
+    def rebind(key: Any) -> Any:
+        return _rebind_key(key, nodes)
+
     for node in gm.graph.nodes:
         annotation = node.meta.get(Q_ANNOTATION_KEY)
-        if not isinstance(annotation, QuantizationAnnotation):
+        if annotation is None:
             continue
-        node.meta[Q_ANNOTATION_KEY] = replace(
+        node.meta[Q_ANNOTATION_KEY] = with_specs(
             annotation,
-            input_qspec_map={
-                _rebind_key(k, nodes): _rebind_spec(s, nodes)
+            {
+                _rebind_key(k, nodes): map_spec_keys(s, rebind)
                 for k, s in annotation.input_qspec_map.items()
             },
-            output_qspec=_rebind_spec(annotation.output_qspec, nodes),
+            map_spec_keys(annotation.output_qspec, rebind),
         )
     return gm

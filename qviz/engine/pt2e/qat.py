@@ -89,7 +89,7 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
     gm = transform(gm) if transform is not None else gm
     quantizer.annotate(gm)
     quantizer.validate(gm)
-    collect_specs(gm)  # the quantizer's annotation classes become qviz's, in place
+    collect_specs(gm)  # checks the annotations (they keep the quantizer's classes)
     fuse_conv_bn_for_qat(gm)  # after annotating: the new ops are not quantized
     observe_annotated(gm, quantizer, {}, is_qat=True)
     _check_fake_quantized(gm, quantizer)

@@ -34,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -44,9 +43,8 @@ from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.pt2e.passes.bn_fold import BN_OPS, CONV_OPS, TRANSPOSED_CONV_OPS, fold_conv_bn_pair
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
-    DerivedQuantizationSpec,
-    QuantizationAnnotation,
-    SharedQuantizationSpec,
+    map_spec_keys,
+    with_specs,
 )
 from qviz.errors import ConfigError
 
@@ -163,30 +161,23 @@ def _move_annotations(gm: GraphModule, conv: Node, moved: dict[Node, Node]) -> N
             return (moved[key[0]], conv)
         return key
 
-    def spec(s: Any) -> Any:
-        if isinstance(s, SharedQuantizationSpec):
-            return SharedQuantizationSpec(edge(s.edge_or_node))
-        if isinstance(s, DerivedQuantizationSpec):
-            return dataclasses.replace(s, derived_from=[edge(k) for k in s.derived_from])
-        return s
-
     for node in gm.graph.nodes:
         annotation = node.meta.get(Q_ANNOTATION_KEY)
-        if not isinstance(annotation, QuantizationAnnotation):
+        if annotation is None:
             continue
         inputs = {
-            (moved.get(k, k) if node is conv else k): spec(s)
+            (moved.get(k, k) if node is conv else k): map_spec_keys(s, edge)
             for k, s in annotation.input_qspec_map.items()
         }
-        node.meta[Q_ANNOTATION_KEY] = dataclasses.replace(
-            annotation, input_qspec_map=inputs, output_qspec=spec(annotation.output_qspec)
+        node.meta[Q_ANNOTATION_KEY] = with_specs(
+            annotation, inputs, map_spec_keys(annotation.output_qspec, edge)
         )
 
 
 def fuse_conv_bn_for_qat(gm: GraphModule) -> list[Node]:
     """Rewrite every QAT conv + training BatchNorm pair of ``gm`` in place; the convs rewritten.
 
-    Annotations must be qviz's classes (prepare converts a quantizer's first).
+    Annotations keep their own classes (a quantizer's, or qviz's); only their keys move.
     """
     rewritten = []
     for conv, bn in qat_conv_bn_pairs(gm):
