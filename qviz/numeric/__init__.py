@@ -14,6 +14,7 @@ Example:
     inf
 """
 
+from qviz.numeric.bisect import BisectionResult, bisect_lowering
 from qviz.numeric.calibration import (
     CalibrationChoice,
     calibration_choices,
@@ -29,12 +30,14 @@ from qviz.numeric.report import NumericReport
 from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 
 __all__ = [
+    "BisectionResult",
     "CalibrationChoice",
     "LayerDetail",
     "LoweringComparison",
     "NumericReport",
     "QATMonitor",
     "QATRecord",
+    "bisect_lowering",
     "calibration_choices",
     "clipped_fraction",
     "compare",

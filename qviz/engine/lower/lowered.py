@@ -46,6 +46,8 @@ class KernelRecord:
         where: what runs it (``"onnxruntime CPU"``, ``"XNNPACK delegate 0"``, ``"ExecuTorch
             portable kernels"``).
         reason: why a compute operator stayed float ("" otherwise).
+        source: the converted model's node it computes (``"conv2d"``), read from the names and
+            provenance the lowering kept; "" where the backend kept none.
     """
 
     node: str
@@ -53,6 +55,7 @@ class KernelRecord:
     kernel: str
     where: str = ""
     reason: str = ""
+    source: str = ""
 
 
 class LoweredModel(nn.Module):
@@ -67,6 +70,8 @@ class LoweredModel(nn.Module):
         lowering_seconds: how long lowering took.
         fingerprint: the converted model's fingerprint (what this lowered model measures).
         dynamic_batch: whether it takes any batch size (else only the example's).
+        program: the ``torch.export`` program the backend lowered (``"xnnpack"``; None for a
+            backend that lowers another artifact): a prefix of it can be lowered again.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class LoweredModel(nn.Module):
         self.lowering_seconds = float(lowering_seconds)
         self.dynamic_batch = dynamic_batch
         self._example = tuple(example_inputs)
+        self.program = getattr(run, "program", None)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the lowered program; one output comes back as a tensor, several as a tuple."""

@@ -29,11 +29,13 @@ Example:
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.fx import GraphModule
 
 from qviz.engine.lower.lowered import KernelRecord
 
@@ -123,6 +125,49 @@ def uint8_activations(model: Any) -> int:
     return count
 
 
+def global_pools(model: Any) -> int:
+    """Replace each mean over the two spatial axes of a 4-d tensor that keeps its dims
+    (``ReduceMean`` over ``[2, 3]``, how a converted ``adaptive_avg_pool2d(x, 1)`` exports)
+    with ``GlobalAveragePool``, the same arithmetic, for which onnxruntime has an integer
+    kernel; ``model`` is edited in place; how many were replaced.
+
+    Example:
+        >>> import onnx, numpy as np
+        >>> from onnx import helper, numpy_helper
+        >>> axes = numpy_helper.from_array(np.array([-1, -2]), "axes")
+        >>> g = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", 1, [1, 2, 3, 3])],
+        ...     [helper.make_tensor_value_info("y", 1, [1, 2, 1, 1])], [axes])
+        >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+        >>> global_pools(m), m.graph.node[0].op_type
+        (1, 'GlobalAveragePool')
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*inferred.value_info, *inferred.input]
+        if v.type.tensor_type.HasField("shape")
+    }
+    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    count = 0
+    for node in model.graph.node:
+        keep = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        if node.op_type != "ReduceMean" or len(node.input) < 2 or not keep:
+            continue
+        axes = initializers.get(node.input[1])
+        rank = ranks.get(node.input[0])
+        if axes is None or rank != 4 or {int(a) % 4 for a in axes.ravel()} != {2, 3}:
+            continue
+        node.op_type = "GlobalAveragePool"
+        del node.input[1:]
+        del node.attribute[:]
+        count += 1
+    return count
+
+
 def _retype(graph: Any, quantized: set[str]) -> None:
     """Drop the stale int8 types recorded for the restated tensors (onnxruntime infers them)."""
     from onnx import TensorProto
@@ -135,7 +180,70 @@ def _retype(graph: Any, quantized: set[str]) -> None:
             output.type.tensor_type.elem_type = TensorProto.UINT8
 
 
-def classify(nodes: list[Any], inputs_from: dict[str, str]) -> list[KernelRecord]:
+def fx_names(model: Any, converted: GraphModule | None = None) -> dict[str, str]:
+    """``{onnx node name: the torch node it computes}``, from the exporter's metadata.
+
+    The exporter names the node of the program it exported (``pkg.torch.onnx.fx_node``), which
+    re-traced and decomposed the converted model: ``add_70`` for the converted ``add``, ``mean``
+    for ``adaptive_avg_pool2d``. With ``converted`` given, a name it lacks is resolved to the
+    converted model's one compute node in the same module (``pkg.torch.onnx.name_scopes``) with
+    the same operator, or else to its only compute node there; otherwise it is left out.
+
+    Example:
+        >>> from onnx import helper
+        >>> node = helper.make_node("Relu", ["x"], ["y"], name="node_relu")
+        >>> helper.set_metadata_props(node, {"pkg.torch.onnx.fx_node": "%relu : [...]"})
+        >>> g = helper.make_graph([node], "g", [], [])
+        >>> fx_names(helper.make_model(g))
+        {'node_relu': 'relu'}
+    """
+    known = _compute_nodes(converted) if converted is not None else None
+    names = {}
+    for node in model.graph.node:
+        props = {p.key: p.value for p in node.metadata_props}
+        fx = props.get("pkg.torch.onnx.fx_node", "")
+        if not fx.startswith("%"):
+            continue
+        name = fx[1:].split(" ", 1)[0]
+        if known is not None and name not in {n for n, _, _ in known}:
+            scopes = props.get("pkg.torch.onnx.name_scopes", "[]").strip("[]").split(", ")
+            scope = scopes[-2].strip("'") if len(scopes) > 1 else ""
+            target = re.search(r"target=torch\.ops\.aten\.(\w+)", fx)
+            name = _in_scope(known, scope, target.group(1) if target else "")
+        if name:
+            names[node.name] = name
+    return names
+
+
+def _compute_nodes(converted: GraphModule) -> list[tuple[str, str, str]]:
+    """``(name, innermost module path, aten op)`` of each compute node of ``converted``."""
+    from qviz.engine.graph.module_stack import module_names
+
+    out = []
+    for node in converted.graph.nodes:
+        op = getattr(node.target, "__name__", "").split(".")[0]
+        if node.op == "call_function" and "quantize" not in op and op != "getitem":
+            out.append((node.name, (module_names(node) or [""])[-1], op))
+    return out
+
+
+def _in_scope(known: list[tuple[str, str, str]], scope: str, op: str) -> str:
+    here = [(n, o) for n, path, o in known if path == scope]
+    same = [n for n, o in here if o == op]
+    if len(same) == 1:
+        return same[0]
+    return here[0][0] if len(here) == 1 else ""
+
+
+def _source(name: str, sources: dict[str, str]) -> str:
+    """The torch node an optimised node computes: onnxruntime names a fused node after the
+    node it replaced, with a ``_token_<n>`` suffix."""
+    return sources.get(re.sub(r"_token_\d+$", "", name), "")
+
+
+def classify(
+    nodes: list[Any], inputs_from: dict[str, str], sources: dict[str, str] | None = None
+) -> list[KernelRecord]:
     """A :class:`KernelRecord` per node of onnxruntime's optimised graph.
 
     ``inputs_from`` maps a value name to the op type that produced it (graph inputs and
@@ -151,14 +259,16 @@ def classify(nodes: list[Any], inputs_from: dict[str, str]) -> list[KernelRecord
         [('c', 'integer'), ('g', 'float')]
     """
     records = []
+    sources = sources or {}
     for node in nodes:
         op = node.op_type
+        source = _source(node.name, sources)
         if op.startswith("QLinear") or op in _INTEGER_OPS:
-            records.append(KernelRecord(node.name, op, "integer", _WHERE))
+            records.append(KernelRecord(node.name, op, "integer", _WHERE, "", source))
         elif op in _BOUNDARY_OPS:
-            records.append(KernelRecord(node.name, op, "quantize", _WHERE))
+            records.append(KernelRecord(node.name, op, "quantize", _WHERE, "", source))
         elif op in _DATA_OPS:
-            records.append(KernelRecord(node.name, op, "data", _WHERE))
+            records.append(KernelRecord(node.name, op, "data", _WHERE, "", source))
         else:
             fed = {inputs_from.get(i) for i in node.input}
             reason = (
@@ -166,7 +276,7 @@ def classify(nodes: list[Any], inputs_from: dict[str, str]) -> list[KernelRecord
                 if "DequantizeLinear" in fed
                 else "its inputs are float: the converted model left it in float"
             )
-            records.append(KernelRecord(node.name, op, "float", _WHERE, reason))
+            records.append(KernelRecord(node.name, op, "float", _WHERE, reason, source))
 
     return records
 
@@ -207,6 +317,7 @@ def lower_onnxruntime(
     export_onnx(converted, example_inputs, target, dynamic_batch=dynamic_batch)
     model = onnx.load(str(target))
     uint8_activations(model)
+    global_pools(model)
     onnx.save(model, str(target))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -215,7 +326,7 @@ def lower_onnxruntime(
     session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
     graph = onnx.load(str(optimised)).graph
     produced = {out: node.op_type for node in graph.node for out in node.output}
-    records = classify(list(graph.node), produced)
+    records = classify(list(graph.node), produced, fx_names(model, converted))
     artifact = target.read_bytes()
     names = [i.name for i in session.get_inputs()]
     optimised.unlink(missing_ok=True)

@@ -104,6 +104,23 @@ def _kind(node: Node) -> str:
     return "integer" if inside else "float"
 
 
+def source_of(node: Node) -> str:
+    """The name of the node ``node`` was made from in the program first exported (the
+    converted model's node: ``conv2d`` for ``aten_convolution_default``), from the provenance
+    each ExecuTorch pass keeps in ``meta["from_node"]``; "" without one.
+
+    Example:
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> source_of(next(iter(gm.graph.nodes)))
+        ''
+    """
+    chain = node.meta.get("from_node") or []
+    name = ""
+    while chain:
+        name, chain = chain[-1].name, chain[-1].from_node
+    return name
+
+
 def records_of(graph_module: GraphModule) -> list[KernelRecord]:
     """A :class:`KernelRecord` per operator of an ExecuTorch edge program's graph: the
     delegated ones (inside each ``lowered_module_<i>``) and those left to portable kernels.
@@ -127,7 +144,11 @@ def records_of(graph_module: GraphModule) -> list[KernelRecord]:
                         if kind == "float"
                         else ""
                     )
-                    records.append(KernelRecord(inner.name, _op_name(inner), kind, where, reason))
+                    records.append(
+                        KernelRecord(
+                            inner.name, _op_name(inner), kind, where, reason, source_of(inner)
+                        )
+                    )
         elif node.op == "call_function" and "executorch_call_delegate" not in str(node.target):
             kind = _kind(node)
             reason = (
@@ -136,19 +157,18 @@ def records_of(graph_module: GraphModule) -> list[KernelRecord]:
                 else ""
             )
             kind = "float" if kind == "integer" else kind
-            records.append(KernelRecord(node.name, _op_name(node), kind, _PORTABLE, reason))
+            records.append(
+                KernelRecord(node.name, _op_name(node), kind, _PORTABLE, reason, source_of(node))
+            )
     return records
 
 
-def lower_xnnpack(
-    converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
-) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
-    """Export, partition, serialise and load; the run function, records, program and path."""
+def lower_exported(program: Any, path: Path | None = None) -> tuple[Any, list[KernelRecord], bytes]:
+    """Partition, serialise and load an exported program; the run function (whose ``program``
+    is ``program``, kept so a prefix of it can be lowered again), the records, the ``.pte``."""
     exir = _import("executorch.exir")
     partitioner = _import("executorch.backends.xnnpack.partition.xnnpack_partitioner")
     runtime = _import("executorch.runtime")
-    shapes = dynamic_batch_shapes(example_inputs) if dynamic_batch else None
-    program = torch.export.export(converted, example_inputs, dynamic_shapes=shapes)
     edge = exir.to_edge_transform_and_lower(program, partitioner=[partitioner.XnnpackPartitioner()])
     records = records_of(edge.exported_program().graph_module)
     buffer = edge.to_executorch().buffer
@@ -162,4 +182,16 @@ def lower_xnnpack(
     def run(inputs: list[torch.Tensor], _keep: tuple = (buffer, loaded)) -> list[torch.Tensor]:
         return [o.clone() for o in method.execute(inputs)]
 
-    return run, records, bytes(buffer), (Path(path) if path is not None else None)
+    run.program = program  # type: ignore[attr-defined]
+    return run, records, bytes(buffer)
+
+
+def lower_xnnpack(
+    converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
+) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
+    """Export, partition, serialise and load; the run function, records, program and path."""
+    _import("executorch.exir")
+    shapes = dynamic_batch_shapes(example_inputs) if dynamic_batch else None
+    program = torch.export.export(converted, example_inputs, dynamic_shapes=shapes)
+    run, records, buffer = lower_exported(program, path)
+    return run, records, buffer, (Path(path) if path is not None else None)

@@ -51,11 +51,12 @@ def test_the_lowered_model_agrees_with_the_reference_to_one_output_step(lowered,
         assert float((got - reference).abs().max()) <= step * 1.0001
 
 
-def test_which_operators_run_on_integer_kernels_is_recorded(lowered):
+def test_which_operators_run_on_integer_kernels_is_recorded(lowered, digits):
     """XNNPACK takes the whole graph: every conv, the add, the relus, the mean and the linear
-    run as int8 kernels. onnxruntime runs the five convolutions (QLinearConv), the residual add
-    (QLinearAdd) and the linear (QGemm) on integer kernels; the mean, for which it has no
-    integer kernel, stays in float between its dequantize and quantize, and says so."""
+    run as int8 kernels. So does onnxruntime: the five convolutions (QLinearConv), the residual
+    add (QLinearAdd, which takes the tensor the residual connection reads twice), the mean
+    (QLinearGlobalAveragePool) and the linear (QGemm). Every compute operator names the
+    converted model's node it computes."""
     integer = [r for r in lowered.kernels if r.kernel == "integer"]
     float_ops = [r for r in lowered.kernels if r.kernel == "float"]
     assert all(r.reason for r in float_ops)  # a float operator says why
@@ -67,8 +68,11 @@ def test_which_operators_run_on_integer_kernels_is_recorded(lowered):
     else:
         ops = [r.op for r in integer]
         assert (ops.count("QLinearConv"), ops.count("QLinearAdd"), ops.count("QGemm")) == (5, 1, 1)
-        assert [r.op for r in float_ops] == ["ReduceMean"]
-        assert "no integer kernel for ReduceMean" in float_ops[0].reason
+        assert ops.count("QLinearGlobalAveragePool") == 1 and not float_ops
+    converted_ops = {n.name for n in digits[0].graph.nodes if n.op == "call_function"}
+    computed = {r.source for r in integer}
+    assert computed <= converted_ops
+    assert {"conv2d", "conv2d_4", "add", "adaptive_avg_pool2d", "linear"} <= computed
 
 
 def test_the_artifact_is_smaller_than_the_float_weights(lowered):
