@@ -11,7 +11,8 @@ reference computes (one step is the rounding an integer kernel's requantization 
 Granularity per backend: ``"onnxruntime"``, every quantized tensor (each QuantizeLinear's output
 becomes an output of the optimised session, whose fused kernels keep those names).
 ``"xnnpack"``: ExecuTorch runs a delegate as one call, so only the model's outputs can be
-compared (:func:`compare_lowered` says so and compares those).
+compared (:func:`compare_lowered` says so and compares those); ``"inductor"`` likewise (fused
+oneDNN kernels keep no intermediate tensors).
 
 Example:
     >>> import torch, qviz
@@ -55,12 +56,28 @@ class LoweringComparison:
         backend: the lowered program's backend.
         granularity: ``"per tensor"`` or ``"model outputs"``.
         tolerance: how many steps a tensor may differ by before it counts as departing.
+        fingerprint: the converted model's (``qviz.viz.graph`` refuses to draw it on another).
     """
 
     rows: tuple[dict[str, Any], ...]
     backend: str
     granularity: str
     tolerance: int = 1
+    fingerprint: Any = None
+
+    def graph_metric(self) -> tuple[dict[str, float], str, bool, tuple[float, float]]:
+        """What ``qviz.viz.graph(converted, metrics=comparison)`` draws: each quantized op's
+        largest difference from the reference in steps of its grid, fewer is better, on a fixed
+        scale (green at 0, red from four times the tolerance), so drawings compare.
+
+        Example:
+            >>> c = LoweringComparison(({"tensor": "q", "op": "conv2d", "elements": 4,
+            ...     "differing": 1, "share": 0.25, "max_steps": 1},), "onnxruntime", "per tensor")
+            >>> c.graph_metric()
+            ({'conv2d': 1.0}, 'steps from reference', False, (0.0, 4.0))
+        """
+        values = {r["op"]: float(r["max_steps"]) for r in self.rows if r["op"] != "output"}
+        return values, "steps from reference", False, (0.0, 4.0 * max(self.tolerance, 1))
 
     @property
     def df(self) -> Any:
@@ -219,7 +236,7 @@ def _compare_tensors(
         _row(node.name, node.args[0].name if isinstance(node.args[0], Node) else "", *total)
         for node, total in zip(wanted, totals, strict=True)
     )
-    return LoweringComparison(rows, lowered.backend, "per tensor", tolerance)
+    return LoweringComparison(rows, lowered.backend, "per tensor", tolerance, lowered.fingerprint)
 
 
 def _bound_batches(converted: GraphModule, data: Any, max_batches: int | None) -> Any:
@@ -243,15 +260,29 @@ def _row(tensor: str, op: str, elements: int, differing: int, max_steps: int) ->
             "share": share, "max_steps": max_steps}  # fmt: skip
 
 
+def _output_step(converted: GraphModule) -> float:
+    """One step of the output's grid: the scale of the dequantize that is the output (the last
+    layer's output quantized, as XNNPACKQuantizer does), else of the one the last layer reads
+    (its output left float, as X86InductorQuantizer does); 1.0 when neither is quantized."""
+    out = next(n for n in converted.graph.nodes if n.op == "output").args[0]
+    last = out[0] if isinstance(out, (tuple, list)) else out
+    for node in (last, *getattr(last, "all_input_nodes", ())):
+        if "dequantize_per_tensor" in str(getattr(node, "target", "")):
+            if isinstance(node.args[1], float):
+                return node.args[1]
+    return 1.0
+
+
 def _compare_outputs(
     converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
 ) -> LoweringComparison:
     """The model outputs only, in steps of the output's grid (a delegate runs as one call)."""
-    plan = getattr(converted, "plan", None)
-    step = float(plan.groups[-1].qparams.scale) if plan is not None and plan.groups else 1.0
+    step = _output_step(converted)
     total = [0, 0, 0]
     for args in _bound_batches(converted, data, max_batches):
         with torch.no_grad():
             _tally(total, ((lowered(*args) - converted(*args)).abs() / step).round())
     row = _row("output", "output", *total)
-    return LoweringComparison((row,), lowered.backend, "model outputs", tolerance)
+    return LoweringComparison(
+        (row,), lowered.backend, "model outputs", tolerance, lowered.fingerprint
+    )

@@ -44,6 +44,8 @@ _STYLE = {  # kind: (fill, border, font colour)
     "dequantize": ("#e5f5e0", "#31a354", "#000000"),
 }
 _HIGHLIGHT = "#d62728"
+#: Borders of ops a lowered program runs: on an integer kernel, on a float kernel (dashed).
+_KERNEL_BORDER = {"integer": "#1f4e9c", "float": "#e6550d"}
 #: Observer markers' fill under a heatmap, so that only the metric's colours stand out.
 _MUTED = "#f4f4f4"
 
@@ -110,8 +112,8 @@ def _table(
         fill = group_colour(node.group)
     if node.value is not None and span is not None:
         fill = _value_colour(node.value, span, higher)
-    width = 3 if highlighted else 1
-    border = _HIGHLIGHT if highlighted else border
+    width = 3 if highlighted else (2 if node.kernel else 1)
+    border = _HIGHLIGHT if highlighted else _KERNEL_BORDER.get(node.kernel, border)
     title = html.escape(node.label)
     if node.kind == "collapsed":
         title = f"{title} ({node.count} op{'' if node.count == 1 else 's'})"
@@ -124,7 +126,11 @@ def _table(
     if node.value is not None:
         text = html.escape(f"{metric} {node.value:.3g}".strip())
         rows.append(f'<tr><td><font point-size="10"><b>{text}</b></font></td></tr>')
+    if node.kernel:
+        text = html.escape(f"{node.kernel} kernel: {node.kernel_op}")
+        rows.append(f'<tr><td><font point-size="9" color="{border}">{text}</font></td></tr>')
     style = ' style="rounded"' if node.kind in ("input", "output", "collapsed") else ""
+    style = ' style="dashed"' if node.kernel == "float" else style
     return (
         f'<<table border="{width}" cellborder="0" cellspacing="0" cellpadding="3" '
         f'bgcolor="{fill}" color="{border}"{style}>{"".join(rows)}</table>>'
@@ -239,7 +245,9 @@ def _colour_bar(span: tuple[float, float], metric: str, higher: bool = True) -> 
     )
 
 
-def _legend_rows(stage: str, kinds: set[str], muted: bool) -> list[tuple[str, str]]:
+def _legend_rows(
+    stage: str, kinds: set[str], muted: bool, partition: str = ""
+) -> list[tuple[str, str]]:
     """The legend's rows for what this drawing shows (nothing it does not)."""
     rows = [("#ffffff", "op")]
     if stage == "annotated":
@@ -267,6 +275,11 @@ def _legend_rows(stage: str, kinds: set[str], muted: bool) -> list[tuple[str, st
         ]
     if "float" in kinds:
         rows.append((_STYLE["float"][0], "left in float (hover: reason)"))
+    if partition:
+        rows += [
+            (_KERNEL_BORDER["integer"], f"blue border: runs on an integer kernel ({partition})"),
+            (_KERNEL_BORDER["float"], "orange dashed border: float kernel (hover: why)"),
+        ]
     if "collapsed" in kinds:
         rows.append((_STYLE["collapsed"][0], "collapsed module (op count)"))
     if "ref" in kinds:
@@ -283,7 +296,7 @@ def _legend(g: Any, view: GraphView, span: tuple[float, float] | None) -> None:
     kinds = {n.kind for n in view.nodes}
     cells = "".join(
         f'<tr><td{_bg(c)} width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
-        for c, t in _legend_rows(stage, kinds, span is not None)
+        for c, t in _legend_rows(stage, kinds, span is not None, view.partition)
     )
     if span is not None:
         cells += _colour_bar(span, metric, view.higher_is_better)

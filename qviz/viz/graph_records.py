@@ -30,7 +30,9 @@ class ViewNode:
     ``ref`` (the names of a node's inputs whose edges are too long to draw, see
     :mod:`qviz.viz.long_edges`).
     ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
-    ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``).
+    ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``); ``kernel`` what a
+    lowered program runs the op on (``"integer"`` or ``"float"``, see ``graph(lowered=...)``)
+    and ``kernel_op`` that kernel's operator.
     """
 
     name: str
@@ -43,6 +45,8 @@ class ViewNode:
     refs: tuple[str, ...] = ()
     count: int = 1
     value: float | None = None
+    kernel: str = ""
+    kernel_op: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class GraphView:
 
     ``metric`` names the values carried by :attr:`ViewNode.value` (``""`` when there are none);
     ``metric_span`` fixes the colour scale (None: the values' min..max) and
-    ``higher_is_better`` says which end is green.
+    ``higher_is_better`` says which end is green; ``partition`` names the backend whose
+    kernels the ops are marked with ("" when none).
     """
 
     stage: str
@@ -77,6 +82,7 @@ class GraphView:
     metric: str = ""
     metric_span: tuple[float, float] | None = None
     higher_is_better: bool = True
+    partition: str = ""
 
 
 def op_name(node: Node) -> str:

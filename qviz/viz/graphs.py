@@ -155,6 +155,9 @@ def _metric_values(metrics: Any, column: str | None) -> tuple[dict[str, float], 
     bar; names not in the graph are warned about and skipped."""
     if metrics is None:
         return {}, ""
+    if callable(getattr(metrics, "graph_metric", None)):  # a record that says what to draw
+        values, name = metrics.graph_metric()[:2]
+        return {str(k): float(v) for k, v in values.items()}, name
     table = getattr(metrics, "df", metrics)
     if hasattr(table, "select_dtypes") and hasattr(table, "columns"):
         values, name = _table_values(table, column)
@@ -193,6 +196,53 @@ def _with_metrics(view: GraphView, values: dict[str, float], name: str) -> Graph
     return replace(view, nodes=nodes, metric=name)
 
 
+def _apply_metrics(
+    view: GraphView, model: GraphModule, metrics: Any, column: str | None, span: Any, higher: Any
+) -> GraphView:
+    """``view`` coloured by ``metrics`` (see :func:`graph`); a record's own direction and scale
+    (a lowering comparison: fewer steps is better, 0 to 4 steps) unless the caller's."""
+    if metrics is None:
+        return view
+    check_fingerprint(metrics, model, "graph(metrics=...)")  # another model's is refused
+    view = _with_metrics(view, *_metric_values(metrics, column))
+    own = getattr(metrics, "graph_metric", None)
+    _, _, own_higher, own_span = own() if callable(own) else (None, None, True, None)
+    higher = own_higher if higher is None else higher
+    span = _span(span) if span is not None else own_span
+    return replace(view, metric_span=span, higher_is_better=bool(higher))
+
+
+def _with_partition(view: GraphView, model: GraphModule, lowered: Any) -> GraphView:
+    """``view`` with each op a lowered program computes marked with its kernel: integer, or
+    float with the backend's reason as tooltip."""
+    if lowered is None:
+        return view
+    if not hasattr(lowered, "kernels") or not hasattr(lowered, "backend"):
+        raise ConfigError(
+            f"graph(lowered=...) takes what qviz.lower returned, got {type(lowered).__name__}"
+        )
+    check_fingerprint(lowered, model, "graph(lowered=...)", what="the lowered model")
+    runs: dict[str, Any] = {}
+    for record in lowered.kernels:
+        if record.source and record.kernel in ("integer", "float"):
+            # an op split over several kernels is only as integer as its float part
+            if runs.get(record.source) is None or record.kernel == "float":
+                runs[record.source] = record
+    nodes = tuple(
+        _marked(n, runs[n.name]) if n.name in runs and n.kind in ("op", "float") else n
+        for n in view.nodes
+    )
+    return replace(view, nodes=nodes, partition=lowered.backend)
+
+
+def _marked(node: Any, record: Any) -> Any:
+    """``node`` with ``record``'s kernel; a float kernel's reason leads its tooltip."""
+    tooltip = node.tooltip
+    if record.reason:
+        tooltip = f"{record.kernel} kernel {record.op}: {record.reason}\\n{tooltip or node.name}"
+    return replace(node, kernel=record.kernel, kernel_op=record.op, tooltip=tooltip)
+
+
 def _span(metric_range: Any) -> tuple[float, float] | None:
     if metric_range is None:
         return None
@@ -216,7 +266,8 @@ def graph(
     metrics: Any = None,
     metric_column: str | None = None,
     metric_range: tuple[float, float] | None = None,
-    higher_is_better: bool = True,
+    higher_is_better: bool | None = None,
+    lowered: Any = None,
 ) -> QGraph:
     """Draw ``model`` at its stage: captured float, annotated, observed (prepared), converted,
     or exported from a model of quant_nn layers (what each shows: ``qviz.viz.graphs``).
@@ -229,13 +280,16 @@ def graph(
         highlight: node names or module paths drawn with a thick red outline.
         show_params: also draw parameters and constants (get_attr nodes).
         metrics: a value per node to colour op boxes by, low red to high green (e.g. per-layer
-            SQNR): ``{node_name: float}``, a DataFrame with a ``"node"`` column, or a report
-            (``.df``); a collapsed box shows its lowest value; another model's report is refused.
+            SQNR): ``{node_name: float}``, a DataFrame with a ``"node"`` column, a report
+            (``.df``), or a lowering comparison (steps from the reference, fewer is green); a
+            collapsed box shows its lowest value; another model's record is refused.
         metric_column: the DataFrame column to draw (default: its first numeric column); for a
             mapping, the name the legend and boxes give the values.
         metric_range: ``(low, high)`` for the colour scale, so that several drawings compare
             (default: the values' min..max; values outside are clamped to the ends).
-        higher_is_better: green for high values (SQNR); False for errors (MSE), green low.
+        higher_is_better: green for high values (SQNR, the default); False for errors (MSE).
+        lowered: ``qviz.lower(model, ...)``: each op's border says whether the lowered program
+            runs it on an integer kernel (blue) or a float one (orange, dashed; hover: why).
 
     Returns:
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
@@ -258,12 +312,8 @@ def graph(
             f"qviz.export(model, inputs), or the result of prepare_pt2e / convert_pt2e"
         )
     view = read_graph(model, show_params=show_params)
-    if metrics is not None:
-        check_fingerprint(metrics, model, "graph(metrics=...)")  # another model's is refused
-        view = _with_metrics(view, *_metric_values(metrics, metric_column))
-        view = replace(
-            view, metric_span=_span(metric_range), higher_is_better=bool(higher_is_better)
-        )
+    view = _apply_metrics(view, model, metrics, metric_column, metric_range, higher_is_better)
+    view = _with_partition(view, model, lowered)
     view = collapse_view(view, collapse, (name for name, _ in model.named_modules()))
     view = fold_long_edges(view)
     return QGraph(view, to_digraph(view, _highlight(highlight)))
