@@ -31,7 +31,7 @@ Each probe is exact, per backend: ``"onnxruntime"``, a session over the lowered 
 (:attr:`LoweredModel.artifact`) with that one QuantizeLinear's output added as a graph output;
 ``"xnnpack"``, the program the lowered model was lowered from (:attr:`LoweredModel.program`), cut
 at that quantize operator and lowered to XNNPACK again, so whatever is in that program is in
-each cut (about a second per probe on a small model).
+each cut (a few seconds per probe on a small model: one lowering each).
 
 Example:
     >>> r = BisectionResult(probes=({"tensor": "q", "op": "linear", "role": "output",
@@ -330,11 +330,20 @@ def _check(converted: Any, lowered: Any, tolerance: Any) -> None:
         raise ConfigError(f"bisect_lowering(tolerance={tolerance!r}): give an int >= 0 (steps)")
 
 
-def _refuted_note(order: list[Node], rows: dict[int, dict], refuted: list[int]) -> str:
-    names = ", ".join(f"{order[i].name} ({rows[i]['max_steps']} steps)" for i in refuted)
+def _refuted_note(
+    order: list[Node], rows: dict[int, dict], below: list[int], refuted: list[int]
+) -> str:
+    """Name each tensor that departed though a probed tensor computed from it agreed."""
+    parts = []
+    for bad in refuted:
+        hid = next(i for i, r in rows.items() if not r["departed"] and below[i] >> bad & 1)
+        parts.append(
+            f"{order[bad].name} departs by {rows[bad]['max_steps']} steps, yet "
+            f"{order[hid].name}, computed from it, agrees"
+        )
     return (
-        f"Propagation failed: {names} departed although a tensor computed from it agreed, so "
-        f"the search went on from it; compare_lowered compares every tensor."
+        f"Propagation failed: {'; '.join(parts)}. The search went on from the departing "
+        f"tensor; compare_lowered compares every tensor."
     )
 
 
@@ -396,7 +405,7 @@ def bisect_lowering(
     return BisectionResult(
         tuple(rows.values()), None if found is None else rows[found], len(order), backend,
         PROBE_METHODS[backend], tolerance, propagation_held=not refuted,
-        note=_refuted_note(order, rows, refuted) if refuted else "",
+        note=_refuted_note(order, rows, below, refuted) if refuted else "",
     )  # fmt: skip
 
 

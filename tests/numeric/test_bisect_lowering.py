@@ -154,6 +154,39 @@ def test_a_clean_xnnpack_lowering_agrees(chain, data):
     assert result.agrees and len(result.probes) == 1 and result.probes[0]["max_steps"] <= 1
 
 
+class Fading(nn.Module):
+    """A residual block whose branch is 40 linears: a departure at ``a`` fades along the branch
+    (each random linear shrinks what it is given) but reaches the add through the skip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.branch = nn.Sequential(*[nn.Linear(8, 8) for _ in range(40)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.a(x)
+        return self.out(a + self.branch(a))
+
+
+def test_a_departure_that_fades_is_found_and_reported(data):
+    """Measured (3 seeds): the planted ``a`` departs by about 50 steps, the branch falls to one
+    step within 12 linears, the add and the output depart. The bisection probes the branch's
+    middle (agrees: ``a`` is cleared under the assumption), lands on the add, and verifying it
+    finds ``a`` departing: the search goes on from ``a``, names it and says the assumption
+    failed."""
+    torch.manual_seed(3)
+    converted = _convert(Fading(), data[0])
+    planted = _plant_onnx(qviz.lower(converted, (data[0],), backend="onnxruntime"), 1)
+    result = bisect_lowering(converted, planted, data)
+    everything = compare_lowered(converted, planted, data)
+    a = _quantizes(converted)[1]
+    assert result.first_departure["tensor"] == everything.first_departure["tensor"] == a
+    assert not result.propagation_held and f"{a} departs by" in result.note
+    assert "agrees" in result.note and result.note in repr(result)
+    assert [p["tensor"] for p in result.probes if p["role"] == "verify"] == [a]
+    assert len(result.probes) < result.candidates // 3  # 9 of 44 measured
+
+
 def test_the_search_on_a_chain_probes_as_the_module_docstring_says():
     """q0 -> ... -> q9, q6 departs (and so q7..q9): after the output q9, q4 agrees, q6 departs,
     q5 agrees; q6 is named and its input q5 has already been probed."""
