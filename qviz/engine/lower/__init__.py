@@ -1,4 +1,4 @@
-"""A converted model on real kernels: ExecuTorch XNNPACK and onnxruntime.
+"""A converted model on real kernels: ExecuTorch XNNPACK, onnxruntime, x86 Inductor.
 
 :func:`lower` takes what :func:`qviz.convert_pt2e` returned (the reference model) and returns a
 :class:`~qviz.engine.lower.lowered.LoweredModel`: it runs like a module on the backend's own
@@ -6,7 +6,8 @@ kernels and records, operator by operator, which ran on integer kernels and whic
 float, and why; its artifact's size; how long lowering took; its latency on request.
 
 Each backend is an optional dependency (``pip install 'qviz[lower]'``): ExecuTorch for
-``"xnnpack"``, onnx and onnxruntime for ``"onnxruntime"``. The caller's model is never changed.
+``"xnnpack"``, onnx and onnxruntime for ``"onnxruntime"``, torchao's x86 int8 fusion passes for
+``"inductor"`` (``torch.compile`` onto oneDNN int8 kernels). The caller's model is never changed.
 
 Example:
     >>> import torch, qviz
@@ -39,7 +40,7 @@ from qviz.errors import ConfigError
 __all__ = ["BACKENDS", "KernelRecord", "LoweredModel", "lower"]
 
 #: The backends :func:`lower` knows.
-BACKENDS = ("xnnpack", "onnxruntime")
+BACKENDS = ("xnnpack", "onnxruntime", "inductor")
 
 
 def _check(converted: Any, example_inputs: Any, backend: Any) -> tuple[Any, ...]:
@@ -72,9 +73,12 @@ def lower(
         converted: the model :func:`qviz.convert_pt2e` returned (not changed).
         example_inputs: inputs it takes (a single tensor is accepted); a model exported with
             ``dynamic_batch=True`` is lowered for any batch size.
-        backend: ``"xnnpack"`` (ExecuTorch with the XNNPACK delegate) or ``"onnxruntime"``
-            (the QDQ export, run by an optimised CPU session).
-        path: where to write the artifact (``.pte`` or ``.onnx``); None keeps it in memory.
+        backend: ``"xnnpack"`` (ExecuTorch with the XNNPACK delegate), ``"onnxruntime"``
+            (the QDQ export, run by an optimised CPU session) or ``"inductor"``
+            (``torch.compile`` with freezing: oneDNN int8 kernels on x86; quantize with
+            X86InductorQuantizer, whose uint8 activations those kernels take).
+        path: where to write the artifact (``.pte``, ``.onnx``, or Inductor's wrapper code
+            ``.py``); None keeps it in memory.
 
     Returns:
         A :class:`LoweredModel`: call it like ``converted``; ``.kernels``, ``.size_bytes``,
@@ -102,12 +106,14 @@ def lower(
     start = time.perf_counter()
     if backend == "xnnpack":
         from qviz.engine.lower.xnnpack import lower_xnnpack as lower_to
+    elif backend == "inductor":
+        from qviz.engine.lower.inductor import lower_inductor as lower_to
     else:
         from qviz.engine.lower.onnxruntime import lower_onnxruntime as lower_to
-    run, records, artifact, written = lower_to(
+    run, records, artifact, written, *size = lower_to(
         converted, example_inputs, dynamic, Path(path) if path is not None else None
     )
-    return LoweredModel(
+    lowered = LoweredModel(
         run,
         backend=backend,
         kernels=records,
@@ -118,3 +124,6 @@ def lower(
         dynamic_batch=dynamic,
         path=written,
     )
+    if size:  # Inductor: the wrapper code plus the frozen constants (packed weights) it runs
+        lowered.size_bytes = size[0]
+    return lowered

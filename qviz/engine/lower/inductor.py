@@ -1,0 +1,343 @@
+"""Lower a converted model with ``torch.compile`` (Inductor, x86 CPU): oneDNN int8 kernels.
+
+The converted model is compiled with Inductor's freezing on (weights become constants) and the
+x86 int8 fusion passes registered: each dequantize -> conv / linear (-> relu / add) -> quantize
+group becomes one oneDNN int8 kernel (``onednn.qconv_pointwise``, ``qconv2d_pointwise.binary``,
+``qlinear_pointwise``), max-pooling and reshapes stay in uint8; whatever no pattern matches is
+compiled to Inductor's own C++ loops in float arithmetic (dequantize -> op -> quantize). The
+fusion passes ship with torchao (``pip install 'qviz[lower]'``); registering them adds patterns
+to Inductor's freezing passes, once per process (idempotent), active only when freezing is on.
+Inductor's configuration (freezing on) is patched around each call of the lowered model only
+(a call may compile again), never changed globally.
+
+What ran where is read from what Inductor produced, not guessed: the graph Inductor lowers
+(captured after its freezing and post-grad passes) names each kernel and, through each node's
+provenance, the converted model's nodes it computes; the generated wrapper code is then checked
+to call every oneDNN int8 kernel the graph names. The artifact is that wrapper code (Python
+calling the kernels, with the C++ of Inductor's own loops inside); ``size_bytes`` counts it plus
+the frozen constants it runs with (packed int8 weights, their scales, biases).
+
+Example:
+    >>> import torch
+    >>> kernel_of_target(torch.ops.onednn.qlinear_pointwise.default)
+    ('integer', 'onednn.qlinear_pointwise')
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+from torch.fx import Graph, GraphModule, Node
+
+from qviz.engine.lower.lowered import KernelRecord
+from qviz.errors import ConfigError, MissingDependencyError
+
+_ONEDNN = "oneDNN int8 kernel"
+_LOOP = "Inductor C++ loop"
+_FLOAT_LIB = "oneDNN / MKL float kernel"
+_QDQ = ("quantize_per_tensor", "quantize_per_channel", "dequantize_per_tensor",
+        "dequantize_per_channel", "choose_qparams")  # fmt: skip
+_DATA = ("view", "reshape", "permute", "squeeze", "unsqueeze", "clone", "expand", "slice",
+         "cat", "getitem", "max_pool", "constant_pad", "_to_copy", "alias", "flatten",
+         "contiguous", "transpose", "sym_size", "force_stride_order", "split")  # fmt: skip
+#: Inductor's uint8 lowerings of data movement (a max-pool, a reshape, a concatenation).
+_FLOAT_MM = ("aten.mm", "aten.addmm", "aten.bmm", "aten.convolution")
+_RANK = {"integer": 0, "float": 1, "data": 2, "quantize": 3}
+_INT8_DATA = {"qmaxpool2d": "quantized.max_pool2d", "qreshape": "reshape (uint8)",
+              "qcat": "cat (uint8)"}  # fmt: skip
+
+
+def _passes() -> None:
+    """Register the x86 int8 fusion passes (torchao's; idempotent) or name what to install."""
+    try:
+        x86 = importlib.import_module("torchao.quantization.pt2e.inductor_passes.x86")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "qviz.lower(backend='inductor') needs torchao's x86 int8 fusion passes: "
+            "pip install 'qviz[lower]' (torchao)"
+        ) from exc
+    x86._register_quantization_weight_pack_pass()
+
+
+def kernel_of_target(target: Any) -> tuple[str, str] | None:
+    """``(kernel, op)`` for a node target of Inductor's final graph, None for plain aten ops
+    (whose kind depends on their dtype).
+
+    Example:
+        >>> kernel_of_target(torch.ops.aten.addmm.default), kernel_of_target(torch.ops.aten.relu)
+        (('float', 'aten.addmm'), None)
+    """
+    if isinstance(target, functools.partial):  # a lowering pattern: what it replaced
+        name = getattr(target.func, "__name__", "")
+        match = target.args[0] if target.args else None
+        for inner in getattr(match, "nodes", ()):
+            found = kernel_of_target(inner.target)
+            if found and found[0] == "integer":
+                return found
+        return ("data", _INT8_DATA[name]) if name in _INT8_DATA else None
+    op = str(getattr(target, "_overloadpacket", target))
+    if op.startswith("onednn."):
+        return ("integer", op) if ".q" in op else ("float", op)
+    if any(q in op for q in _QDQ):
+        return "quantize", op
+    if op.startswith("mkldnn.") or op in _FLOAT_MM:
+        return "float", op
+    return None
+
+
+def _roots(node: Node) -> list[str]:
+    """The names of the traced (converted) graph's nodes ``node`` came from."""
+    names, todo = [], list(node.meta.get("from_node") or [])
+    while todo:
+        source = todo.pop(0)
+        if source.from_node:
+            todo.extend(source.from_node)
+        else:
+            names.append(source.name)
+    return names
+
+
+def _where(kernel: str, op: str) -> str:
+    if kernel == "integer":
+        return _ONEDNN
+    if op in _INT8_DATA.values():
+        return "Inductor uint8 kernel"
+    if kernel == "float" and (op.startswith(("mkldnn.", "onednn.")) or op in _FLOAT_MM):
+        return _FLOAT_LIB
+    return _LOOP
+
+
+def final_kernels(graph: Graph) -> dict[str, tuple[str, str, str]]:
+    """Converted-graph node name -> ``(kernel, op, where)``, read from Inductor's final graph
+    (a name several kernels came from keeps the integer one, then float, data, quantize).
+
+    Example:
+        >>> final_kernels(torch.fx.symbolic_trace(torch.nn.ReLU()).graph)
+        {}
+    """
+    found: dict[str, tuple[str, str, str]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        kernel = kernel_of_target(node.target)
+        if kernel is None:
+            val = node.meta.get("val")
+            op = str(getattr(node.target, "_overloadpacket", node.target))
+            floating = isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+            data = any(d in op for d in _DATA) or not floating
+            kernel = ("data" if data else "float", op)
+        match = node.target.args[0] if isinstance(node.target, functools.partial) else None
+        sources = _roots(node) + [r for n in getattr(match, "nodes", ()) for r in _roots(n)]
+        for name in sources:
+            if name not in found or _RANK[kernel[0]] < _RANK[found[name][0]]:
+                found[name] = (kernel[0], kernel[1], _where(*kernel))
+    return found
+
+
+def _covering(node: Node, found: dict[str, tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The kernel that computes ``node``: its own, else the first integer or float kernel
+    downstream up to the next quantize (a fused kernel carries its output quantize's name)."""
+    todo, seen, first = [node], {node}, None
+    while todo:
+        current = todo.pop(0)
+        hit = found.get(current.name)
+        if hit is not None and hit[0] in ("integer", "float"):
+            return hit
+        first = first or hit
+        if current is not node and any(q in str(current.target) for q in _QDQ):
+            continue
+        for user in current.users:
+            if user not in seen and user.op == "call_function":
+                seen.add(user)
+                todo.append(user)
+    return first
+
+
+def _float_reason(node: Node, op: str, where: str) -> str:
+    fed = any("dequantize" in str(n.target) for n in node.all_input_nodes)
+    if not fed:
+        return f"its inputs are float (the converted model left it in float): {where} ({op})"
+    if where == _FLOAT_LIB:
+        return (f"{where} ({op}): the int8 fusion passes matched no dequantize -> op -> "
+                f"quantize pattern around it")  # fmt: skip
+    return (f"Inductor computes it in float arithmetic in its own C++ loop between a dequantize "
+            f"and a quantize ({op}): no oneDNN int8 kernel for this op")  # fmt: skip
+
+
+def records_of(
+    converted: GraphModule, found: dict[str, tuple[str, str, str]], code: str
+) -> list[KernelRecord]:
+    """A :class:`KernelRecord` per operator of ``converted``: the kernel Inductor's final graph
+    runs it on (:func:`final_kernels`), an integer one only if ``code`` calls it.
+
+    Example:
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> found = {"relu": ("float", "aten.relu", "Inductor C++ loop")}
+        >>> [(r.node, r.kernel) for r in records_of(gm, found, "")]
+        [('relu', 'float')]
+    """
+    records = []
+    for node in converted.graph.nodes:
+        if node.op != "call_function":
+            continue
+        op = str(getattr(node.target, "_overloadpacket", node.target))
+        add = functools.partial(_add, records, node.name, op)
+        hit = _covering(node, found)
+        if any(q in op for q in _QDQ):
+            if found.get(node.name, ("",))[0] == "quantize":  # a standalone (de)quantize loop
+                add("quantize", _LOOP)
+        elif any(d in op for d in _DATA) or "getitem" in str(node.target):
+            add("data", hit[2] if hit else _LOOP)
+        elif hit is None:
+            add("float", _LOOP, "no kernel of Inductor's final graph traces back to it")
+        elif hit[0] == "integer" and hit[1].rsplit(".", 1)[-1] in code:
+            add("integer", f"{_ONEDNN} {hit[1]}")
+        elif hit[0] == "integer":
+            add("float", _LOOP, f"the passes chose {hit[1]}; the generated code does not call it")
+        else:
+            where = hit[2] if hit[0] == "float" else _LOOP
+            add("float", where, _float_reason(node, hit[1], where))
+    return records
+
+
+def _add(records: list, node: str, op: str, kernel: str, where: str, reason: str = "") -> None:
+    records.append(KernelRecord(node, op, kernel, where, reason, source=node))
+
+
+def _constant_bytes(graph: Graph) -> int:
+    """Bytes of the frozen constants the final graph reads (packed weights, scales, biases)."""
+    owner, total = graph.owning_module, 0
+    for node in graph.nodes:
+        value = getattr(owner, str(node.target), None) if node.op == "get_attr" else None
+        if isinstance(value, torch.Tensor):
+            try:
+                total += value.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):  # an opaque (mkldnn) tensor
+                total += value.numel() * value.element_size()
+    return total
+
+
+class _Capture:
+    """Inductor's post-grad pass hook: keeps the first final graph while ``active``."""
+
+    def __init__(self) -> None:
+        self.active, self.graphs = True, []
+
+    def __call__(self, graph: Graph) -> None:
+        if self.active and not self.graphs:
+            self.graphs.append(graph)
+
+
+def _config(capture: _Capture) -> Any:
+    """Inductor's configuration for this model only: a patch context around each call (a
+    call may compile again: a batch of 1, or a new batch size where the batch is fixed)."""
+    return torch._inductor.config.patch(
+        freezing=True, fx_graph_cache=False, post_grad_custom_post_pass=capture
+    )
+
+
+def _compile(model: GraphModule, example_inputs: tuple[Any, ...], dynamic: bool) -> Any:
+    """``torch.compile`` with freezing, run once on the example; the compiled model, the
+    capture hook, Inductor's final graph and its wrapper code."""
+    from torch._inductor.graph import GraphLowering
+
+    capture, codes = _Capture(), []
+    compiled = torch.compile(model, dynamic=False)
+    inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    for x in inputs if dynamic else ():
+        if isinstance(x, torch.Tensor) and x.dim():
+            torch._dynamo.mark_dynamic(x, 0)  # the batch only; every other size stays fixed
+    with torch.no_grad(), _config(capture):
+        with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+            compiled(*inputs)
+    capture.active = False
+    if not capture.graphs or not codes:
+        raise ConfigError(
+            "qviz.lower(backend='inductor'): torch.compile produced no Inductor graph (it fell "
+            "back to eager: a graph break or a disabled compiler); run with TORCH_LOGS=graph_breaks"
+        )
+    return compiled, capture, capture.graphs.pop(), codes[-1]
+
+
+def _layout_bug(exc: BaseException) -> bool:
+    """Inductor's dynamic-shape lowering of a quantized conv whose input has one channel
+    expects a contiguous output, and oneDNN's prepacked kernel writes channels-last."""
+    text = f"{exc} {exc.__cause__}"
+    return "expected size" in text and "stride" in text
+
+
+def compile_error(exc: BaseException) -> ConfigError:
+    """The qviz error for a failure inside Inductor: the operator that failed and the fix.
+
+    Example:
+        >>> compile_error(RuntimeError("quantized::conv2d_relu: Input tensor should have uint8 "
+        ...     "(unsigned char) or fp8 data type")).args[0][:60]
+        "qviz.lower(backend='inductor'): Inductor failed at quantized"
+    """
+    text = f"{exc}\n{exc.__cause__ or ''}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = next(
+        (line for line in lines if "::" in line), lines[0] if lines else type(exc).__name__
+    )
+    op = re.search(r"\b(?:aten|quantized|onednn|mkldnn|quantized_decomposed)::\w+", text)
+    name = op.group(0) if op else "an operator"
+    if ("uint8" in text and "data type" in text) or "quantized_max_pool2d" in text:
+        fix = ("oneDNN's int8 kernels take uint8 activations (zero point in 0..255), this model's "
+               "are int8 (e.g. XNNPACKQuantizer's symmetric configuration): quantize the float "
+               "model with X86InductorQuantizer for backend='inductor', or lower this one with "
+               "backend='xnnpack' or 'onnxruntime'")  # fmt: skip
+    else:
+        fix = ("quantize with X86InductorQuantizer, whose patterns the x86 int8 passes match, or "
+               "lower with backend='xnnpack' or 'onnxruntime'")  # fmt: skip
+    return ConfigError(
+        f"qviz.lower(backend='inductor'): Inductor failed at {name} ({first[:300]}); {fix}"
+    )
+
+
+def lower_inductor(
+    converted: GraphModule, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
+) -> tuple[Any, list[KernelRecord], bytes, Path | None, int]:
+    """Compile (on a copy), read the kernels; the run function, records, wrapper code, the
+    path it was written to, and the size: code plus frozen constants."""
+    _passes()
+    model = copy.deepcopy(converted)  # Inductor's freezing never touches the caller's weights
+    dynamic = dynamic_batch
+    try:
+        try:
+            compiled, capture, graph, code = _compile(model, example_inputs, dynamic)
+        except Exception as exc:
+            if not (dynamic and _layout_bug(exc)):
+                raise
+            dynamic = False  # each new batch size compiles its own static program, on a fresh
+            model = copy.deepcopy(converted)  # copy: dynamo caches on the forward's code
+            compiled, capture, graph, code = _compile(model, example_inputs, False)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise compile_error(exc) from exc
+    records = records_of(converted, final_kernels(graph), code)
+    artifact = code.encode()
+    size = len(artifact) + _constant_bytes(graph)
+    del graph  # it holds a second copy of the constants
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(artifact)
+    recompiles = dynamic_batch and not dynamic
+
+    def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with (
+            torch.no_grad(),
+            _config(capture),
+            torch._dynamo.config.patch(fail_on_recompile_limit_hit=recompiles),
+        ):
+            out = compiled(*inputs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    return run, records, artifact, (Path(path) if path is not None else None), size

@@ -1,0 +1,206 @@
+"""qviz.lower(backend="inductor"): a converted model compiled by Inductor onto oneDNN int8 kernels.
+
+The quantizer is X86InductorQuantizer (uint8 activations, int8 per-channel weights), through
+qviz.prepare_pt2e / calibrate / convert_pt2e; the ``x86_quantizer`` fixture is the one place
+that picks it. Each compile takes seconds on two cores, so the lowered models are module-scoped.
+The reference is the converted model; the kernels are asserted from Inductor's generated code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+import qviz
+from qviz.data import digits_loaders, digits_model
+from qviz.engine.graph.fingerprint import fingerprint
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.errors import ConfigError, MissingDependencyError
+
+pytest.importorskip("torchao")
+
+
+@pytest.fixture(scope="module")
+def x86_quantizer():
+    """A factory of the x86 quantizer (torchao's until qviz has its own)."""
+    pre_grad = torch._inductor.config.pre_grad_custom_pass
+    xiq = importlib.import_module("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
+    # importing torchao's quantizer sets a global Inductor pass: the tests leave it as it was
+    torch._inductor.config.pre_grad_custom_pass = pre_grad
+
+    def make():
+        return xiq.X86InductorQuantizer().set_global(
+            xiq.get_default_x86_inductor_quantization_config()
+        )
+
+    return make
+
+
+def _convert(model: nn.Module, batches: list, quantizer, dynamic: bool):
+    gm = qviz.export(model.eval(), (batches[0],), dynamic_batch=dynamic)
+    prepared = qviz.prepare_pt2e(gm, quantizer)
+    qviz.calibrate(prepared, batches, progress=False)
+    return qviz.convert_pt2e(prepared)
+
+
+def _snapshot(gm):
+    return gm.code, {k: v.clone() for k, v in gm.state_dict().items()}
+
+
+def _output_step(converted) -> float:
+    """The grid step of the activation the last layer reads (its output stays float)."""
+    out = next(n for n in converted.graph.nodes if n.op == "output").args[0]
+    producer = out[0] if isinstance(out, (tuple, list)) else out
+    dq = next(n for n in producer.all_input_nodes if "dequantize" in str(n.target))
+    return float(dq.args[1])
+
+
+@pytest.fixture(scope="module")
+def digits(x86_quantizer):
+    batches = [x for x, _ in digits_loaders(batch_size=36).calibration]
+    converted = _convert(digits_model(), batches, x86_quantizer(), dynamic=True)
+    before = _snapshot(converted)
+    lowered = qviz.lower(converted, (batches[0],), backend="inductor")
+    return converted, batches, lowered, before
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.fixture(scope="module")
+def mlp(x86_quantizer, tmp_path_factory):
+    torch.manual_seed(0)
+    batches = [torch.randn(32, 16) for _ in range(4)]
+    converted = _convert(_MLP(), batches, x86_quantizer(), dynamic=False)
+    path = tmp_path_factory.mktemp("inductor") / "mlp.py"
+    lowered = qviz.lower(converted, batches[0], backend="inductor", path=path)
+    return converted, batches, lowered, path
+
+
+def _steps(lowered, converted, x) -> torch.Tensor:
+    with torch.no_grad():
+        return ((lowered(x) - converted(x)).abs() / _output_step(converted)).round()
+
+
+def test_digits_outputs_stay_within_one_step_of_the_reference(digits):
+    """oneDNN requantizes each conv's int32 accumulator with its own rounding; a one-step
+    difference upstream moves the float output by less than one step of its input grid."""
+    converted, batches, lowered, _ = digits
+    differing = total = 0
+    for x in batches:
+        steps = _steps(lowered, converted, x)
+        assert lowered(x).shape == converted(x).shape and float(steps.max()) <= 1
+        differing += int((steps > 0).sum())
+        total += steps.numel()
+    assert differing <= total * 0.02, (differing, total)
+
+
+def test_digits_takes_any_batch(digits):
+    converted, batches, lowered, _ = digits
+    assert lowered.dynamic_batch
+    x = batches[1][:5]
+    assert lowered(x).shape == (5, 10) and float(_steps(lowered, converted, x).max()) <= 1
+
+
+def test_every_conv_and_linear_runs_on_a_onednn_int8_kernel(digits):
+    """Read from the generated code: five convolutions (the residual add and its relu fused
+    into the second conv of the block as a binary post-op) and one linear are oneDNN int8
+    calls; whatever stays float (the global average pool) says why."""
+    _, _, lowered, _ = digits
+    code = lowered.artifact.decode()
+    assert code.count("torch.ops.onednn.qconv") == 5
+    assert code.count("torch.ops.onednn.qlinear_pointwise") == 1
+    by_op = {}
+    for record in lowered.kernels:
+        by_op.setdefault(record.op, []).append(record)
+    assert [r.kernel for r in by_op["aten.conv2d"]] == ["integer"] * 5
+    assert [r.kernel for r in by_op["aten.linear"]] == ["integer"]
+    assert all("onednn.q" in r.where for r in by_op["aten.conv2d"] + by_op["aten.linear"])
+    add = by_op["aten.add"][0]
+    assert add.kernel == "integer" and "qconv2d_pointwise" in add.where
+    assert all(r.reason for r in lowered.float_fallbacks())
+    assert lowered.kernel_counts()["integer"] >= 11
+    assert "inductor" in lowered.summary() and "onednn" in lowered._repr_html_()
+
+
+def test_the_size_counts_the_code_and_the_packed_int8_weights(digits):
+    _, _, lowered, _ = digits
+    weights = sum(p.numel() for p in digits_model().parameters())
+    assert len(lowered.artifact) < lowered.size_bytes
+    assert weights < lowered.size_bytes - len(lowered.artifact) < 2 * weights  # int8, not fp32
+
+
+def test_the_callers_model_is_not_changed(digits):
+    converted, _, lowered, (code, state) = digits
+    assert converted.code == code
+    assert all(torch.equal(v, state[k]) for k, v in converted.state_dict().items())
+    assert lowered.fingerprint == fingerprint(converted)
+    assert not torch._inductor.config.freezing  # the configuration was patched, not set
+
+
+def test_a_linear_model_runs_on_qlinear_and_writes_its_code(mlp):
+    converted, batches, lowered, path = mlp
+    assert path.read_bytes() == lowered.artifact and lowered.path == path
+    linears = [r for r in lowered.kernels if r.op == "aten.linear"]
+    assert [r.kernel for r in linears] == ["integer", "integer"]
+    assert lowered.artifact.decode().count("torch.ops.onednn.qlinear_pointwise") == 2
+    differing = 0
+    for x in batches:
+        steps = _steps(lowered, converted, x)
+        assert float(steps.max()) <= 1
+        differing += int((steps > 0).sum())
+    assert differing <= 4 * 32 * 8 * 0.02, differing
+    with pytest.raises(ConfigError, match="lowered for batch 32 only"):
+        lowered.latency(4)
+    assert lowered.latency(repeats=3, warmup=1) > 0
+
+
+def test_compare_lowered_compares_the_model_outputs(digits):
+    converted, batches, lowered, _ = digits
+    result = qviz.numeric.compare_lowered(converted, lowered, batches[:2])
+    assert result.granularity == "model outputs" and result.first_departure is None
+
+
+def test_int8_activations_name_the_failing_operator_and_the_quantizer():
+    """XNNPACKQuantizer's symmetric int8 activations: oneDNN's int8 convolution takes uint8
+    only, so Inductor fails; the error names the operator and the quantizer to use."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.MaxPool2d(2)).eval()
+    batches = [torch.randn(4, 3, 10, 10) for _ in range(2)]
+    gm = qviz.export(model, (batches[0],))
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    qviz.calibrate(prepared, batches, progress=False)
+    with pytest.raises(ConfigError, match=r"Inductor failed at \w+::\w+.*X86InductorQuantizer"):
+        qviz.lower(qviz.convert_pt2e(prepared), (batches[0],), backend="inductor")
+
+
+def test_missing_torchao_names_what_to_install(mlp, monkeypatch):
+    converted, batches, _, _ = mlp
+    real_import = importlib.import_module
+
+    def no_torchao(name, *args, **kwargs):
+        if name.startswith("torchao"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", no_torchao)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'qviz\[lower\]'"):
+        qviz.lower(converted, (batches[0],), backend="inductor")
+
+
+def test_bad_inputs_are_named(mlp):
+    converted, batches, _, _ = mlp
+    with pytest.raises(ConfigError, match="lower: example_inputs"):
+        qviz.lower(converted, (batches[0][:, :4],), backend="inductor")
+    with pytest.raises(ConfigError, match="got _MLP"):
+        qviz.lower(_MLP(), (batches[0],), backend="inductor")
