@@ -3,6 +3,8 @@
 * :class:`Quantizer`: the contract (annotate, validate, optional transform and callback).
 * :class:`ComposableQuantizer`: several quantizers on one graph, each claiming its own nodes.
 * :class:`XNNPACKQuantizer` with :func:`get_symmetric_quantization_config`: int8 for XNNPACK.
+* :class:`X86InductorQuantizer` with :func:`get_default_x86_inductor_quantization_config`:
+  int8 for x86 CPUs through Inductor (``torch.compile``), torchao's recipe.
 * :class:`FallbackQuantizer` and :class:`OverrideQuantizer`: keep nodes in float, or override
   what another quantizer decided, node by node.
 
@@ -24,6 +26,10 @@ from qviz.engine.quantizers.base import ComposableQuantizer, Quantizer
 from qviz.engine.quantizers.config import get_symmetric_quantization_config
 from qviz.engine.quantizers.fallback import FallbackQuantizer
 from qviz.engine.quantizers.override import OverrideQuantizer
+from qviz.engine.quantizers.x86_inductor import (
+    X86InductorQuantizer,
+    get_default_x86_inductor_quantization_config,
+)
 from qviz.engine.quantizers.xnnpack import XNNPACKQuantizer
 from qviz.engine.specs import (
     DerivedQuantizationSpec,
@@ -47,6 +53,8 @@ __all__ = [
     "QuantizationSpecBase",
     "Quantizer",
     "SharedQuantizationSpec",
+    "X86InductorQuantizer",
     "XNNPACKQuantizer",
+    "get_default_x86_inductor_quantization_config",
     "get_symmetric_quantization_config",
 ]
