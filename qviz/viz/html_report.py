@@ -70,7 +70,13 @@ figcaption { font-size: 13px; color: #444; word-break: break-word; }
 
 
 def report(
-    model: Any, path: str | os.PathLike[str], *, ns: Any = None, title: str | None = None
+    model: Any,
+    path: str | os.PathLike[str],
+    *,
+    ns: Any = None,
+    title: str | None = None,
+    lowered: Any = None,
+    lowering: Any = None,
 ) -> Path:
     """Write one self-contained HTML page with the summary, graph, ranges, histograms and plan.
 
@@ -82,13 +88,18 @@ def report(
         ns: optional numeric-suite results: a pandas DataFrame, or an object with a ``.df``
             DataFrame (e.g. the result of ``qviz.numeric.compare``), shown as a table.
         title: the page heading (default ``"qviz report"``).
+        lowered: ``qviz.lower(model, ...)`` of a converted ``model``: a section with its kernels
+            (integer / float, and why), size and the graph with the partition drawn;
+            ``lowering``, ``qviz.numeric.compare_lowered(...)`` of it, colours that graph by
+            steps from the reference (the first graph keeps the quantization error).
 
     Returns:
         The path written, as a :class:`pathlib.Path`.
 
     Raises:
         ConfigError: ``model`` has no ``.plan``, the folder of ``path`` does not exist,
-            ``ns`` is not a DataFrame, or ``ns`` is the numeric report of another model.
+            ``ns`` is not a DataFrame, or ``ns``, ``lowered`` or ``lowering`` measured another
+            model.
 
     Example:
         >>> import tempfile, torch, qviz
@@ -109,6 +120,14 @@ def report(
 
     stage = stage_of(model)
     heading = "qviz report" if title is None else str(title)
+    sections = _sections(model, plan, stage, ns, frame)
+    if lowered is not None:
+        sections.append(_lowered_section(model, lowered, lowering))
+    out.write_text(_page(heading, stage, sections), encoding="utf-8")
+    return out
+
+
+def _sections(model: Any, plan: Any, stage: str, ns: Any, frame: Any) -> list[str]:
     sections = [
         _summary_section(model, plan, stage),
         _graph_section(model, ns if _has_local_sqnr(frame) else None),
@@ -119,8 +138,7 @@ def report(
     sections = [s for s in sections if s]
     if frame is not None:
         sections.append(_numeric_section(ns, frame))
-    out.write_text(_page(heading, stage, sections), encoding="utf-8")
-    return out
+    return sections
 
 
 def _plan_of(model: Any) -> Any:
@@ -247,23 +265,45 @@ def _numeric_section(ns: Any, frame: Any) -> str:
     return _section("Numeric suite", "".join(parts))
 
 
-def _graph_section(model: Any, metrics: Any = None) -> str:
+def _graph_section(model: Any, metrics: Any = None, heading: str = "Graph", **kw: Any) -> str:
+    """The graph as inline SVG (collapsed by module when big); ``kw`` goes to ``graph``."""
+    return _section(heading, _graph_body(model, metrics, **kw))
+
+
+def _graph_body(model: Any, metrics: Any = None, **kw: Any) -> str:
     from qviz.viz.graphs import graph
 
     try:
-        drawn = graph(model, metrics=metrics)
+        drawn = graph(model, metrics=metrics, **kw)
         note = ""
         if len(drawn) > _BIG_GRAPH:
             note = (
                 f"The graph has {len(drawn)} nodes; modules are collapsed to depth {_COLLAPSE} "
                 f"(draw it whole with qviz.viz.graph(model))."
             )
-            drawn = graph(model, collapse=_COLLAPSE, metrics=metrics)
+            drawn = graph(model, collapse=_COLLAPSE, metrics=metrics, **kw)
         svg = _strip_prolog(drawn.svg())
     except MissingDependencyError as exc:
-        return _section("Graph", _note(f"The graph could not be drawn: {exc}"))
-    body = (_note(note) if note else "") + f'<div class="graph">{svg}</div>'
-    return _section("Graph", body)
+        return _note(f"The graph could not be drawn: {exc}")
+    return (_note(note) if note else "") + f'<div class="graph">{svg}</div>'
+
+
+def _lowered_section(model: Any, lowered: Any, lowering: Any) -> str:
+    """The lowered program: summary, float kernels and why, the graph with the partition drawn
+    (coloured by steps from the reference when ``lowering`` is given) and that table."""
+    for record, where in ((lowered, "lowered"), (lowering, "lowering")):
+        check_fingerprint(record, model, f"report({where}=...)", what=f"the {where} record")
+    parts = [f"<p>{_esc(lowered.summary().splitlines()[0])}</p>"]
+    fallbacks = lowered.float_fallbacks()
+    if fallbacks:
+        rows = [(r.source or r.node, r.op, r.where, r.reason) for r in fallbacks]
+        parts.append(_table(("node", "kernel", "runs on", "why float"), rows))
+    parts.append(_graph_body(model, lowering, lowered=lowered))
+    if lowering is not None:
+        parts.append(f"<p>{_esc(repr(lowering))}</p>")
+        table = lowering.df.to_html(border=0, max_rows=500, float_format=lambda v: f"{v:.4g}")
+        parts.append(f'<div class="scroll">{table}</div>')
+    return _section(f"On real kernels ({lowered.backend})", "".join(parts))
 
 
 def _figure(fig: Any, caption: str) -> str:

@@ -2,6 +2,8 @@
 converted graph from the lowered program's own records, and the graph coloured by lowering
 error (steps from the reference) from compare_lowered."""
 
+import html
+
 import pytest
 import torch
 from torch import nn
@@ -82,5 +84,24 @@ def test_another_models_lowering_is_refused(lowered):
     other = qviz.export(nn.Sequential(nn.Linear(16, 2)).eval(), (x.flatten(1),))
     with pytest.raises(ConfigError, match=r"graph\(lowered=\.\.\.\)"):
         graph(other, lowered=low)
-    with pytest.raises(ConfigError, match="takes what qviz.lower returned"):
+    with pytest.raises(ConfigError, match=r"takes what qviz\.lower returned"):
         graph(converted, lowered=object())
+
+
+def test_the_report_shows_the_lowered_program_beside_the_quantization_error(lowered, tmp_path):
+    from qviz.viz import report
+
+    converted, x, low = lowered
+    comparison = compare_lowered(converted, low, x)
+    page = report(converted, tmp_path / "r.html", lowered=low, lowering=comparison).read_text()
+    section = page[page.index("On real kernels (onnxruntime)") :]
+    assert low.summary().splitlines()[0] in section and "integer kernel: QLinearConv" in section
+    head = next(r for r in low.float_fallbacks() if r.source == "linear_1")
+    assert "left it in float" in head.reason  # not "onnxruntime did not fuse it"
+    assert "why float" in section and head.reason in html.unescape(section)
+    assert "steps from reference" in section and comparison.df["tensor"].iloc[-1] in section
+    other = qviz.lower(converted, (x,), backend="onnxruntime")
+    stale = compare_lowered(converted, other, x)
+    object.__setattr__(stale, "fingerprint", qviz.engine.graph.fingerprint.fingerprint(nn.ReLU()))
+    with pytest.raises(ConfigError, match=r"report\(lowering=\.\.\.\)"):
+        report(converted, tmp_path / "s.html", lowered=low, lowering=stale)

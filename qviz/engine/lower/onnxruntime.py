@@ -247,19 +247,26 @@ def classify(
     """A :class:`KernelRecord` per node of onnxruntime's optimised graph.
 
     ``inputs_from`` maps a value name to the op type that produced it (graph inputs and
-    initialisers are absent), so a float compute node is told apart by what feeds it.
+    initialisers are absent), so a float compute node is told apart by what feeds it and
+    whether a QuantizeLinear reads it: between a dequantize and a quantize it is a float kernel
+    onnxruntime did not fuse; otherwise the converted model left it in float. ``sources``
+    maps a node name to the converted model's node (:func:`fx_names`).
 
     Example:
         >>> class N:
-        ...     def __init__(self, name, op, inputs=()):
-        ...         self.name, self.op_type, self.input = name, op, list(inputs)
-        >>> recs = classify([N("c", "QLinearConv"), N("g", "Gemm", ["dq"])],
-        ...                 {"dq": "DequantizeLinear"})
+        ...     def __init__(self, name, op, inputs=(), outputs=()):
+        ...         self.name, self.op_type = name, op
+        ...         self.input, self.output = list(inputs), list(outputs)
+        >>> recs = classify([N("c", "QLinearConv"), N("g", "Gemm", ["dq"], ["y"]),
+        ...                  N("q", "QuantizeLinear", ["y"])], {"dq": "DequantizeLinear"})
         >>> [(r.node, r.kernel) for r in recs]
-        [('c', 'integer'), ('g', 'float')]
+        [('c', 'integer'), ('g', 'float'), ('q', 'quantize')]
+        >>> "onnxruntime has no integer kernel" in recs[1].reason
+        False
     """
     records = []
     sources = sources or {}
+    quantized = {n.input[0] for n in nodes if n.op_type == "QuantizeLinear"}
     for node in nodes:
         op = node.op_type
         source = _source(node.name, sources)
@@ -271,10 +278,11 @@ def classify(
             records.append(KernelRecord(node.name, op, "data", _WHERE, "", source))
         else:
             fed = {inputs_from.get(i) for i in node.input}
+            inside = "DequantizeLinear" in fed and any(o in quantized for o in node.output)
             reason = (
                 _unfused(op)
-                if "DequantizeLinear" in fed
-                else "its inputs are float: the converted model left it in float"
+                if inside
+                else "the converted model left it in float (no dequantize -> it -> quantize)"
             )
             records.append(KernelRecord(node.name, op, "float", _WHERE, reason, source))
 
