@@ -51,7 +51,14 @@ from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
 from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
-from qviz.widgets.dashboard_table import COLOR_COLUMNS, SORT_COLUMNS, choice, float_row, sorted_rows
+from qviz.widgets.dashboard_table import (
+    COLOR_COLUMNS,
+    LOWERING_COLUMN,
+    SORT_COLUMNS,
+    choice,
+    float_row,
+    sorted_rows,
+)
 from qviz.widgets.dashboard_view import DashboardView
 from qviz.widgets.view_owner import ViewOwner
 
@@ -98,6 +105,11 @@ class NumericDashboard(ViewOwner):
             the ones ``quantized_model`` was calibrated on, so runs differ only by the fallback.
         metric: ``metric(float_out, quant_out, target) -> float`` for each re-run, as in compare.
         graph: show the graph (needs ``quantized_model`` and graphviz's ``dot``).
+        lowered: ``qviz.lower(quantized_model, ...)``: the graph marks each op's kernel
+            (integer, or float and why) for the model as given.
+        lowering: ``qviz.numeric.compare_lowered(quantized_model, lowered, data)``: adds
+            "colour by: steps from reference (lowered)", the lowering error beside the
+            quantization error.
 
     Attributes:
         state: the current :class:`DashboardState`.
@@ -135,6 +147,8 @@ class NumericDashboard(ViewOwner):
         calibration_data: Any = None,
         metric: Callable[[Any, Any, Any], float] | None = None,
         graph: bool = True,
+        lowered: Any = None,
+        lowering: Any = None,
     ) -> None:
         df = getattr(report, "df", None)
         if df is None or "node" not in getattr(df, "columns", ()):
@@ -149,6 +163,7 @@ class NumericDashboard(ViewOwner):
             check_fingerprint(report, quantized_model, "NumericDashboard")
         if float_model is not None:
             check_stage(float_model, Stage.FLOAT, where="NumericDashboard", arg="float_model")
+        self.lowered, self.lowering = _checked_lowering(lowered, lowering, quantized_model)
         self.error: str | None = None
         self.quantizer, self.metric = quantizer, metric
         self._batches = list(batches_of(data, "NumericDashboard")) if data is not None else []
@@ -185,6 +200,8 @@ class NumericDashboard(ViewOwner):
         calibration_data: Any = None,
         progress: bool = True,
         graph: bool = True,
+        lowered: Any = None,
+        lowering: Any = None,
     ) -> NumericDashboard:
         """Compare ``quantized_model`` with ``float_model`` over ``data`` and show the dashboard.
 
@@ -200,6 +217,7 @@ class NumericDashboard(ViewOwner):
             calibration_data: batches to calibrate fallback variants on (default: ``data``).
             progress: show a progress bar while comparing.
             graph: show the heatmap graph.
+            lowered, lowering: the lowered model and its comparison, as for the constructor.
 
         Example:
             >>> import torch, qviz
@@ -226,6 +244,7 @@ class NumericDashboard(ViewOwner):
         return cls(
             report, quantized_model=quantized_model, float_model=fgm, data=batches,
             quantizer=quantizer, calibration_data=calibration_data, metric=metric, graph=graph,
+            lowered=lowered, lowering=lowering,
         )  # fmt: skip
 
     # -- Python equivalents of the controls ----------------------------------------------------
@@ -239,7 +258,15 @@ class NumericDashboard(ViewOwner):
 
     def color_by(self, column: str) -> NumericDashboard:
         """Colour the graph by a report column (see COLOR_COLUMNS; the worse, the redder)."""
-        return self._guard(lambda: self._set(color_by=choice(column, COLOR_COLUMNS, "colour by")))
+        return self._guard(
+            lambda: self._set(color_by=choice(column, self.color_options, "colour by"))
+        )
+
+    @property
+    def color_options(self) -> tuple[str, ...]:
+        """What the graph can be coloured by: the report's columns, and with ``lowering`` the
+        steps from the reference on the lowered program's kernels."""
+        return COLOR_COLUMNS + ((LOWERING_COLUMN,) if self.lowering is not None else ())
 
     def toggle_fallback(self, node: str | None = None) -> NumericDashboard:
         """Keep ``node`` (default: the selected layer) in float, or quantize it again.
@@ -379,3 +406,19 @@ class NumericDashboard(ViewOwner):
             f"NumericDashboard({len(self.report.df)} layers, selected={st.selected}, "
             f"fallback={list(st.fallback)}, output SQNR {self.report.output_sqnr:.2f} dB)"
         )
+
+
+def _checked_lowering(lowered: Any, lowering: Any, model: Any) -> tuple[Any, Any]:
+    """``lowered`` and ``lowering``, refused unless both measure ``model`` (the dashboard's
+    quantized model as given)."""
+    if lowered is None and lowering is None:
+        return None, None
+    if model is None:
+        raise ConfigError(
+            "NumericDashboard(lowered=..., lowering=...) needs quantized_model=, the model "
+            "that was lowered"
+        )
+    for record, arg in ((lowered, "lowered"), (lowering, "lowering")):
+        if record is not None:
+            check_fingerprint(record, model, f"NumericDashboard({arg}=...)", what=f"the {arg}")
+    return lowered, lowering

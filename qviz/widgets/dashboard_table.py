@@ -36,6 +36,11 @@ COLOR_COLUMNS = (
 )  # fmt: skip
 
 
+#: The extra colouring a dashboard with a lowering comparison offers: each op's largest
+#: difference from the reference on the lowered program's kernels, in steps of its grid.
+LOWERING_COLUMN = "steps from reference (lowered)"
+
+
 def choice(value: Any, options: tuple[str, ...], what: str) -> str:
     """``value`` if it is one of ``options``, else a ConfigError listing them."""
     if value not in options:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from torch.fx import GraphModule
 
 from qviz.errors import QvizError
-from qviz.widgets.dashboard_table import COLOR_COLUMNS, HIGHER_IS_BETTER, SORT_COLUMNS
+from qviz.widgets.dashboard_table import HIGHER_IS_BETTER, LOWERING_COLUMN, SORT_COLUMNS
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.layout import figure_png, row, scrolling, split
 
@@ -95,6 +95,11 @@ class Dashboard(Protocol):
     state: Any
     error: str | None
     quantizer: Any
+    lowered: Any
+    lowering: Any
+
+    @property
+    def color_options(self) -> tuple[str, ...]: ...
 
     @property
     def rows(self) -> list[dict[str, Any]]: ...
@@ -154,7 +159,7 @@ class DashboardView:
             options=list(SORT_COLUMNS), value=st.sort_by, description="sort by"
         )
         self.color_by = w.Dropdown(
-            options=list(COLOR_COLUMNS), value=st.color_by, description="colour by"
+            options=list(dash.color_options), value=st.color_by, description="colour by"
         )
         self.header = w.HTML(
             f'{_STYLE}<div style="color:#555;font-size:12px">{_CAPTION}</div>'
@@ -268,16 +273,7 @@ class DashboardView:
         key = (st.fallback, st.color_by)
         if key != self._graph_key:  # redraw (Graphviz) only when the model or the colours change
             self._graph_key = key
-            # SQNR on an absolute scale (0 dB red .. 50 dB green): after a fix, healthy layers
-            # stay green
-            span = _SQNR_SCALE if st.color_by.endswith("sqnr") else None
-            self._pane.draw(
-                self._dash.quantized_model,
-                metrics=self._dash.report,
-                metric_column=st.color_by,
-                higher_is_better=st.color_by in HIGHER_IS_BETTER,
-                metric_range=span,
-            )
+            self._pane.draw(self._dash.quantized_model, **graph_colours(self._dash, st))
         self._pane.select(st.selected or "")
 
     def _refresh_detail(self) -> None:
@@ -302,3 +298,20 @@ class DashboardView:
         if self._dash.error:
             return f'<div style="color:#b00020">⚠ {html.escape(self._dash.error)}</div>'
         return f'<div style="color:#555">{html.escape(self._dash.report.summary())}</div>'
+
+
+def graph_colours(dash: Any, st: Any) -> dict[str, Any]:
+    """``qviz.viz.graph``'s colouring arguments for the dashboard's state: a report column, SQNR
+    on an absolute scale (0 dB red .. 50 dB green: after a fix, healthy layers stay green), or
+    the lowering comparison's steps; the lowered program's kernels are marked on the model as
+    given (a fallback run is another model, which was not lowered)."""
+    lowered = dash.lowered if not st.fallback else None
+    if st.color_by == LOWERING_COLUMN:
+        return {"metrics": dash.lowering if not st.fallback else None, "lowered": lowered}
+    return {
+        "metrics": dash.report,
+        "metric_column": st.color_by,
+        "higher_is_better": st.color_by in HIGHER_IS_BETTER,
+        "metric_range": _SQNR_SCALE if st.color_by.endswith("sqnr") else None,
+        "lowered": lowered,
+    }

@@ -218,3 +218,35 @@ def test_the_report_of_another_model_is_refused():
         copy.deepcopy(large.report), quantized_model=copy.deepcopy(large.quantized)
     )
     assert len(dash.rows) == 2
+
+
+@needs_dot
+def test_the_lowering_error_beside_the_quantization_error(broken):
+    """With the lowered model and its comparison, the graph marks each op's kernel and can be
+    coloured by steps from the reference; a fallback run (another model) drops both."""
+    pytest.importorskip("onnxruntime")
+    from qviz.numeric import compare_lowered
+
+    gm, q, data, quantized, report = broken
+    lowered = qviz.lower(quantized, (data[0],), backend="onnxruntime")
+    lowering = compare_lowered(quantized, lowered, data)
+    dash = NumericDashboard(
+        report, quantized_model=quantized, float_model=gm, data=data, quantizer=q,
+        metric=agreement, lowered=lowered, lowering=lowering,
+    )  # fmt: skip
+    assert "integer kernel: QLinearConv" in dash.view.graph.svg  # the partition, on SQNR colours
+    assert "steps from reference (lowered)" in dash.view.color_by.options
+    dash.view.color_by.value = "steps from reference (lowered)"
+    svg = dash.view.graph.svg
+    assert "steps from reference" in svg and "integer kernel" in svg
+    dash.toggle_fallback("conv2d_1")
+    assert dash.error is None and "integer kernel" not in dash.view.graph.svg
+    plain = _dashboard(broken)
+    assert plain.color_by("steps from reference (lowered)").error.startswith("colour by")
+    x = torch.randn(4, 3)
+    small = qviz.export(torch.nn.Linear(3, 2).eval(), (x,))
+    small = qviz.prepare_pt2e(small, q)
+    qviz.calibrate(small, x, progress=False)
+    other = qviz.lower(qviz.convert_pt2e(small), (x,), backend="onnxruntime")
+    with pytest.raises(ConfigError, match=r"NumericDashboard\(lowered=\.\.\.\)"):
+        NumericDashboard(report, quantized_model=quantized, lowered=other)
