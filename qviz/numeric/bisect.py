@@ -31,7 +31,8 @@ Each probe is exact, per backend: ``"onnxruntime"``, a session over the lowered 
 (:attr:`LoweredModel.artifact`) with that one QuantizeLinear's output added as a graph output;
 ``"xnnpack"``, the program the lowered model was lowered from (:attr:`LoweredModel.program`), cut
 at that quantize operator and lowered to XNNPACK again, so whatever is in that program is in
-each cut (a few seconds per probe on a small model: one lowering each).
+each cut (a few seconds per probe on a small model: one lowering each); the tensor the model's
+one output dequantizes is read from the lowered model itself.
 
 Example:
     >>> r = BisectionResult(probes=({"tensor": "q", "op": "linear", "role": "output",
@@ -67,7 +68,8 @@ __all__ = ["BisectionResult", "bisect_lowering"]
 PROBE_METHODS = {
     "onnxruntime": "onnxruntime session over the lowered .onnx with that one QuantizeLinear's "
     "output added as a graph output",
-    "xnnpack": "the lowered program cut at that quantize operator and lowered to XNNPACK again",
+    "xnnpack": "the lowered program cut at that quantize operator and lowered to XNNPACK again "
+    "(the model's output tensor: read from the lowered model itself)",
 }
 
 _COLUMNS = ("tensor", "op", "role", "departed", "max_steps", "share")
@@ -275,6 +277,29 @@ def _cut(module: GraphModule, end: Node) -> GraphModule:
     return GraphModule(module, graph)
 
 
+def _whole(lowered: Any, node: Node) -> Callable[[tuple], torch.Tensor] | None:
+    """When the model's one output is ``dequantize(node)`` (per tensor), the lowered model is
+    itself the cut at ``node``: its integers are ``round(y / scale) + zero_point`` of its output
+    ``y``, with the reference's dequantize parameters (exact for 8-bit grids); else None."""
+    output = next(n for n in reversed(node.graph.nodes) if n.op == "output")
+    outs = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+    dq = outs[0] if len(outs) == 1 else None
+    if not (
+        isinstance(dq, Node)
+        and dq.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default
+        and dq.args[0] is node
+        and isinstance(dq.args[1], float)
+        and isinstance(dq.args[2], int)
+    ):
+        return None
+    scale, zero_point = dq.args[1], dq.args[2]
+
+    def run(args: tuple) -> torch.Tensor:
+        return torch.round(lowered(*args) / scale).to(torch.int64) + zero_point
+
+    return run
+
+
 def _xnnpack_probe(lowered: Any, order: list[Node], example: tuple) -> Any:
     """Probe factory: candidate index -> a run of the lowered program cut at that quantize."""
     from qviz.engine.graph.capture import dynamic_batch_shapes
@@ -300,6 +325,9 @@ def _xnnpack_probe(lowered: Any, order: list[Node], example: tuple) -> Any:
     shapes = dynamic_batch_shapes(example) if lowered.dynamic_batch else None
 
     def probe(i: int) -> Callable[[tuple], torch.Tensor]:
+        whole = _whole(lowered, order[i])
+        if whole is not None:
+            return whole
         exported = torch.export.export(_cut(module, theirs[i]), example, dynamic_shapes=shapes)
         run, _, _ = lower_exported(exported)
         return lambda args: run([a.detach().cpu().contiguous() for a in args])[0]

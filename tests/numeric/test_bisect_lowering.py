@@ -22,7 +22,7 @@ from qviz.engine.lower.xnnpack import lower_exported
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 from qviz.numeric import BisectionResult, bisect_lowering, compare_lowered
-from qviz.numeric.bisect import _search
+from qviz.numeric.bisect import _cut, _search
 
 
 class Residual(nn.Module):
@@ -47,9 +47,12 @@ def _convert(model: nn.Module, x: torch.Tensor):
     return qviz.convert_pt2e(prepared)
 
 
+def _is_quantize(node) -> bool:
+    return "quantize_per_tensor" in str(node.target) and "dequantize" not in str(node.target)
+
+
 def _quantizes(gm) -> list[str]:
-    return [n.name for n in gm.graph.nodes if "quantize_per_tensor" in str(n.target)
-            and "dequantize" not in str(n.target)]  # fmt: skip
+    return [n.name for n in gm.graph.nodes if _is_quantize(n)]
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +124,7 @@ def _planted_xnnpack(converted, x, index: int, factor: float = 1.5) -> LoweredMo
     """``converted`` exported and lowered to XNNPACK with the ``index``-th activation quantize's
     scale in the exported program (before ExecuTorch sees it) times ``factor``."""
     program = torch.export.export(converted, (x,))
-    node = [n for n in program.graph.nodes if n.target
-            == torch.ops.quantized_decomposed.quantize_per_tensor.default][index]  # fmt: skip
+    node = [n for n in program.graph.nodes if _is_quantize(n)][index]
     node.args = (node.args[0], node.args[1] * factor, *node.args[2:])
     program.graph_module.recompile()
     run, records, buffer = lower_exported(program)
@@ -152,6 +154,13 @@ def test_a_clean_xnnpack_lowering_agrees(chain, data):
     assert lowered.program is not None
     result = bisect_lowering(chain, lowered, data[:1])
     assert result.agrees and len(result.probes) == 1 and result.probes[0]["max_steps"] <= 1
+    # the program cut at the output's quantize, lowered again, gives the lowered model's integers
+    module = lowered.program.module()
+    last = [n for n in module.graph.nodes if _is_quantize(n)][-1]
+    run, _, _ = lower_exported(torch.export.export(_cut(module, last), (data[1],)))
+    dq = next(n for n in chain.graph.nodes if n.op == "output").args[0][0]
+    whole = torch.round(lowered(data[1]) / dq.args[1]).to(torch.int64) + dq.args[2]
+    assert torch.equal(run([data[1]])[0].to(torch.int64), whole)
 
 
 class Fading(nn.Module):
