@@ -23,7 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +124,62 @@ def source_of(node: Node) -> str:
     return name
 
 
-def records_of(graph_module: GraphModule) -> list[KernelRecord]:
+class _Refusals(logging.Handler):
+    """Collects the reasons XNNPACK's partitioner gives for each node it does not take."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reasons: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        node, reason = getattr(record.msg, "node", None), getattr(record.msg, "reason", None)
+        if node is not None and reason:
+            self.reasons.setdefault(str(getattr(node, "name", node)), str(reason))
+
+
+@contextlib.contextmanager
+def refusals() -> Iterator[dict[str, str]]:
+    """``{node name: why XNNPACK's partitioner refused it}`` while partitioning: its own
+    reasons, which it logs at debug level (the loggers' levels are restored after).
+
+    Example:
+        >>> with refusals() as why:
+        ...     pass
+        >>> why
+        {}
+    """
+    handler = _Refusals()
+    logger = logging.getLogger("executorch.backends.xnnpack")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # the debug records go to qviz only, not to the user's handlers
+    try:
+        yield handler.reasons
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def _without_kernel(graph_module: GraphModule, why: dict[str, str]) -> dict[str, str]:
+    """``why``, plus "no XNNPACK kernel" for each operator left outside a delegate that no
+    XNNPACK partitioner config handles (the partitioner gives no reason for those)."""
+    configs = _import("executorch.backends.xnnpack.partition.config")
+    handled = {c.target_name for c in configs.ALL_PARTITIONER_CONFIGS}
+    why = dict(why)
+    for node in graph_module.graph.nodes:
+        name = _op_name(node).rsplit(".", 2)
+        target = ".".join(name[-2:]) if len(name) >= 2 else ""
+        if node.op == "call_function" and node.name not in why and target not in handled:
+            why[node.name] = f"XNNPACK has no kernel for {_op_name(node)}"
+    return why
+
+
+def records_of(graph_module: GraphModule, why: dict[str, str] | None = None) -> list[KernelRecord]:
     """A :class:`KernelRecord` per operator of an ExecuTorch edge program's graph: the
-    delegated ones (inside each ``lowered_module_<i>``) and those left to portable kernels.
+    delegated ones (inside each ``lowered_module_<i>``) and those left to portable kernels,
+    with the partitioner's reason (``why``: node name -> reason) where it gave one.
 
     Example:
         >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
@@ -156,6 +212,8 @@ def records_of(graph_module: GraphModule) -> list[KernelRecord]:
                 if kind in ("float", "integer")
                 else ""
             )
+            if reason and (why or {}).get(node.name):
+                reason = f"XNNPACK's partitioner did not take it: {why[node.name]}"
             kind = "float" if kind == "integer" else kind
             records.append(
                 KernelRecord(node.name, _op_name(node), kind, _PORTABLE, reason, source_of(node))
@@ -169,8 +227,12 @@ def lower_exported(program: Any, path: Path | None = None) -> tuple[Any, list[Ke
     exir = _import("executorch.exir")
     partitioner = _import("executorch.backends.xnnpack.partition.xnnpack_partitioner")
     runtime = _import("executorch.runtime")
-    edge = exir.to_edge_transform_and_lower(program, partitioner=[partitioner.XnnpackPartitioner()])
-    records = records_of(edge.exported_program().graph_module)
+    with refusals() as why:
+        edge = exir.to_edge_transform_and_lower(
+            program, partitioner=[partitioner.XnnpackPartitioner()]
+        )
+    graph_module = edge.exported_program().graph_module
+    records = records_of(graph_module, _without_kernel(graph_module, why))
     buffer = edge.to_executorch().buffer
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -162,3 +162,31 @@ def test_a_missing_backend_package_names_what_to_install(digits, monkeypatch):
     monkeypatch.setattr(importlib, "import_module", no_executorch)
     with pytest.raises(MissingDependencyError, match=r"pip install 'qviz\[lower\]'"):
         qviz.lower(converted, (batches[0],), backend="xnnpack")
+
+
+class _Refused(nn.Module):
+    """A quantized conv, then a mean over channels and an amax XNNPACK does not take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return y.amax(dim=(2, 3)) + y.mean(dim=1).flatten(1)[:, :4]
+
+
+def test_xnnpacks_own_reason_for_each_operator_it_refused():
+    import logging
+
+    x = torch.randn(2, 3, 8, 8)
+    converted = _convert(_Refused(), [x], dynamic=False)
+    logger = logging.getLogger("executorch.backends.xnnpack")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    lowered = qviz.lower(converted, (x,), backend="xnnpack")
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
+    refused = {r.source: r for r in lowered.float_fallbacks() if r.where.startswith("ExecuTorch")}
+    # the partitioner's own words, and a plain "no kernel" where it has no config at all
+    assert "mean.dim only supports" in refused["mean"].reason
+    assert refused["amax"].reason.endswith("XNNPACK has no kernel for aten.amax.default")
+    assert {"conv2d", "relu"} <= {r.source for r in lowered.kernels if r.kernel == "integer"}
