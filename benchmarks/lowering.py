@@ -2,15 +2,17 @@
 
 Run from the repository root (a few minutes)::
 
-    .venv/bin/python benchmarks/lowering.py [digits resnet18 mobilenet_v2]
+    .venv/bin/python benchmarks/lowering.py [digits resnet18 mobilenet_v2] [--backends=inductor]
 
 For each model (the embedded digits model; torchvision's with random weights, 3x224x224): float
-eager, float ``torch.compile``, and the converted model (XNNPACK quantizer, per-channel
-weights) lowered with ``qviz.lower`` to ExecuTorch XNNPACK and to onnxruntime: median latency
-at batch 1 and 8 (2 threads), artifact size, lowering time, how many operators run on integer
-and on float kernels, and the largest difference from the reference model in output steps.
-The CPU flags that matter for int8 (AVX-512 VNNI, AMX) are printed first: other machines lack
-them and give other figures.
+eager, float ``torch.compile`` (plain, and with Inductor's freezing, which packs the float
+weights for oneDNN as the int8 path packs its own), and the converted model lowered with
+``qviz.lower``: XNNPACK quantizer (per-channel weights) to ExecuTorch XNNPACK and to
+onnxruntime; X86InductorQuantizer (uint8 activations) to Inductor's oneDNN int8 kernels. Median
+latency at batch 1 and 8 (2 threads), artifact size, lowering time, how many operators run on
+integer and on float kernels, and the largest difference from the reference model in output
+steps. ``--backends=`` picks among xnnpack, onnxruntime, inductor. The CPU flags that matter for
+int8 (AVX-512 VNNI, AMX) are printed first: other machines lack them and give other figures.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from qviz.data import digits_loaders, digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
 BATCHES = (1, 8)
+BACKENDS = ("xnnpack", "onnxruntime", "inductor")
 
 
 def _cpu_flags() -> str:
@@ -65,28 +68,72 @@ def _state_bytes(model: torch.nn.Module) -> int:
     return buffer.tell()
 
 
-def run(name: str) -> None:
+def _x86_quantizer():
+    """qviz's X86InductorQuantizer where this qviz has it, else torchao's (which raises
+    "Input partition has more than one output node" on resnet18 at torchao 0.18)."""
+    try:
+        from qviz.engine.quantizers import (
+            X86InductorQuantizer,
+            get_default_x86_inductor_quantization_config,
+        )
+    except ImportError:
+        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+            X86InductorQuantizer,
+            get_default_x86_inductor_quantization_config,
+        )
+    return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+
+
+def _convert(model: torch.nn.Module, batches: list, quantizer) -> torch.fx.GraphModule:
+    gm = qviz.export(model, (batches[0],), dynamic_batch=True)
+    prepared = qviz.prepare_pt2e(gm, quantizer)
+    qviz.calibrate(prepared, batches, progress=False)
+    return qviz.convert_pt2e(prepared)
+
+
+def _output_step(converted: torch.fx.GraphModule) -> float:
+    """One step of the output's grid: the output's dequantize, else the one the last op reads."""
+    last = next(n for n in converted.graph.nodes if n.op == "output").args[0]
+    last = last[0] if isinstance(last, (tuple, list)) else last
+    for node in (last, *last.all_input_nodes):
+        if "dequantize_per_tensor" in str(node.target) and isinstance(node.args[1], float):
+            return node.args[1]
+    return 1.0
+
+
+def _float_rows(model: torch.nn.Module, batches: list) -> list:
+    size, rows = _state_bytes(model), []
+    inputs = [batches[0][torch.arange(b) % batches[0].shape[0]] for b in BATCHES]
+    with torch.no_grad():
+        for label in ("float eager", "float compiled", "float frozen"):
+            torch._dynamo.reset()  # the frozen compile must not reuse the plain one's graph
+            fn = model if label == "float eager" else torch.compile(model)
+            with torch._inductor.config.patch(freezing=label == "float frozen"):
+                for b, x in zip(BATCHES, inputs, strict=True):
+                    rows.append((label, b, _median_seconds(fn, x), size, None, None, None))
+    return rows
+
+
+def run(name: str, backends: tuple[str, ...] = BACKENDS) -> None:
     model, batches = _model(name)
     model.eval()
-    gm = qviz.export(model, (batches[0],), dynamic_batch=True)
+    rows = _float_rows(model, batches)
     config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
-    converted = qviz.convert_pt2e(prepared)
-    step = float(converted.plan.groups[-1].qparams.scale)
-    compiled = torch.compile(model)
-    rows = []
-    with torch.no_grad():
-        for b in BATCHES:
-            x = batches[0][torch.arange(b) % batches[0].shape[0]]
-            eager = _median_seconds(model, x)
-            comp = _median_seconds(compiled, x)
-            rows.append(("float eager", b, eager, _state_bytes(model), None, None, None))
-            rows.append(("float compiled", b, comp, _state_bytes(model), None, None, None))
-    for backend in ("xnnpack", "onnxruntime"):
-        lowered = qviz.lower(converted, (batches[0],), backend=backend)
+    converted = None
+    if set(backends) - {"inductor"}:
+        converted = _convert(model, batches, XNNPACKQuantizer().set_global(config))
+    for backend in backends:
+        quantized = converted
+        if backend == "inductor":
+            try:
+                quantized = _convert(model, batches, _x86_quantizer())
+            except Exception as exc:  # report it and go on with the other rows
+                print(f"{name}: X86InductorQuantizer failed: {type(exc).__name__}: {exc}")
+                continue
+        lowered = qviz.lower(quantized, (batches[0],), backend=backend)
         x = batches[-1]
-        steps = float((lowered(x) - converted(x)).abs().max()) / step
+        with torch.no_grad():
+            steps = float((lowered(x) - quantized(x)).abs().max()) / _output_step(quantized)
         counts = lowered.kernel_counts()
         kernels = f"{counts.get('integer', 0)} int / {counts.get('float', 0)} float"
         for b in BATCHES:
@@ -94,6 +141,10 @@ def run(name: str) -> None:
                 (backend, b, lowered.latency(b, repeats=10), lowered.size_bytes,
                  lowered.lowering_seconds, kernels, steps)
             )  # fmt: skip
+    _print(name, rows)
+
+
+def _print(name: str, rows: list) -> None:
     print(f"\n{name}")
     print(f"{'':16s} {'batch':>5s} {'ms':>9s} {'KiB':>9s} {'lower s':>8s} {'kernels':>18s} steps")
     for label, b, seconds, size, lowering, kernels, steps in rows:
@@ -102,13 +153,24 @@ def run(name: str) -> None:
             f"{label:16s} {b:5d} {seconds * 1e3:9.2f} {size / 1024:9.1f} {low} "
             f"{kernels or '':>18s} {'' if steps is None else f'{steps:.0f}'}"
         )
+    ms = {(label, b): seconds for label, b, seconds, *_ in rows}
+    for b in BATCHES:
+        int8 = ms.get(("inductor", b))
+        if int8:
+            print(
+                f"batch {b}: Inductor int8 is {ms[('float compiled', b)] / int8:.2f}x as fast as "
+                f"float compiled, {ms[('float frozen', b)] / int8:.2f}x as fast as float frozen"
+            )
 
 
 def main() -> None:
     torch.set_num_threads(2)
     print(f"torch {torch.__version__}; CPU flags: {_cpu_flags()}; 2 threads")
-    for name in sys.argv[1:] or ["digits", "resnet18", "mobilenet_v2"]:
-        run(name)
+    picked = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backends=")]
+    backends = tuple(picked[0].split(",")) if picked else BACKENDS
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name in names or ["digits", "resnet18", "mobilenet_v2"]:
+        run(name, backends)
 
 
 if __name__ == "__main__":
