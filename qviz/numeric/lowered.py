@@ -162,18 +162,24 @@ def compare_lowered(
     *,
     tolerance: int = 1,
     max_batches: int | None = None,
+    float_model: Any = None,
 ) -> LoweringComparison:
     """Compare ``lowered`` with ``converted`` (its reference), tensor by tensor, on ``data``.
+
+    With ``float_model``, float -> reference -> real kernels: each row also carries its op's
+    quantization error (``local_sqnr``, ``cumulative_sqnr`` from :func:`qviz.numeric.compare`
+    on the same batches) beside the lowering error, so a layer's error splits into what
+    quantization did and what lowering did.
 
     Args:
         converted: the model :func:`qviz.convert_pt2e` returned.
         lowered: ``qviz.lower(converted, ...)``: refused if it was lowered from another model.
         data: batches, as for :func:`qviz.calibrate`.
-        tolerance: steps a tensor may differ by before it departs. One step is the rounding an
-            integer kernel's requantization may differ by; a difference upstream reaches a
-            tensor with a finer grid as several of its steps (digits on onnxruntime: one step
-            at the residual block's second conv is up to 3 steps after the add).
+        tolerance: steps a tensor may differ by before it departs: one is the rounding an
+            integer kernel's requantization may differ by, which reaches a finer grid
+            downstream as several (digits on onnxruntime: up to 3 steps after the add).
         max_batches: compare at most this many batches.
+        float_model: the float graph module ``converted`` was quantized from (or the module).
 
     Returns:
         A :class:`LoweringComparison`: ``.df``, ``.first_departure``.
@@ -202,9 +208,44 @@ def compare_lowered(
             "compare_lowered: this lowered model was lowered from another model than "
             "`converted` (their fingerprints differ); pass the converted model you lowered"
         )
+    if float_model is not None:  # both comparisons read the same batches
+        data = list(_limited(batches_of(data, "compare_lowered"), max_batches))
     if lowered.backend != "onnxruntime":
-        return _compare_outputs(converted, lowered, data, tolerance, max_batches)
-    return _compare_tensors(converted, lowered, data, tolerance, max_batches)
+        result = _compare_outputs(converted, lowered, data, tolerance, max_batches)
+    else:
+        result = _compare_tensors(converted, lowered, data, tolerance, max_batches)
+    return result if float_model is None else _beside(result, float_model, converted, data)
+
+
+def _limited(batches: Any, most: int | None) -> Any:
+    for i, batch in enumerate(batches):
+        if most is not None and i >= most:
+            return
+        yield batch
+
+
+def _beside(
+    result: LoweringComparison, float_model: Any, converted: GraphModule, batches: list
+) -> LoweringComparison:
+    """``result`` with each row's quantization error: its op's local and cumulative SQNR (the
+    model outputs' row: the output SQNR)."""
+    from dataclasses import replace
+
+    from qviz.numeric.compare import compare
+
+    report = compare(float_model, converted, batches, progress=False)
+    sqnr = {
+        str(r["node"]): (float(r["local_sqnr"]), float(r["cumulative_sqnr"]))
+        for r in report.df.to_dict("records")
+    }
+    rows = []
+    for row in result.rows:
+        nan = float("nan")
+        local, cumulative = sqnr.get(row["op"], (nan, nan))
+        if row["op"] == "output":
+            cumulative = float(report.output_sqnr)
+        rows.append(dict(row, local_sqnr=local, cumulative_sqnr=cumulative))
+    return replace(result, rows=tuple(rows))
 
 
 def _compare_tensors(

@@ -95,3 +95,22 @@ def test_a_lowered_model_of_another_model_is_refused(digits):
         compare_lowered(qviz.convert_pt2e(prepared), lowered, x)
     with pytest.raises(ConfigError, match=r"needs what qviz\.lower returned"):
         compare_lowered(converted, converted, batches)
+
+
+def test_float_to_reference_to_kernels_in_one_table(digits):
+    """With the float model, each row holds its op's quantization error (the numeric suite's
+    local and cumulative SQNR on the same batches) beside its lowering error."""
+    from qviz.numeric import compare
+
+    converted, batches, lowered = digits
+    float_gm = qviz.export(digits_model().eval(), (batches[0],), dynamic_batch=True)
+    three = compare_lowered(converted, lowered, batches, max_batches=2, float_model=float_gm)
+    report = compare(float_gm, converted, batches[:2], progress=False).df.set_index("node")
+    df = three.df.set_index("op")
+    assert {"local_sqnr", "cumulative_sqnr", "max_steps", "share"} <= set(df.columns)
+    for op in ("relu", "conv2d_2", "relu_2", "max_pool2d", "linear"):
+        assert df.loc[op, "local_sqnr"] == pytest.approx(report.loc[op, "local_sqnr"])
+        assert df.loc[op, "cumulative_sqnr"] == pytest.approx(report.loc[op, "cumulative_sqnr"])
+    plain = compare_lowered(converted, lowered, batches, max_batches=2)
+    assert three.df["max_steps"].tolist() == plain.df["max_steps"].tolist()  # the same pass
+    assert int(three.df["elements"].iloc[0]) == sum(x.numel() for x in batches[:2])
