@@ -57,7 +57,6 @@ from qviz.errors import ConfigError
 from qviz.numeric.lowered import (
     _activation_quantizes,
     _bound_batches,
-    _Recorder,
     _session_with_quantize_outputs,
     _tally,
 )
@@ -217,15 +216,15 @@ def _search(
 def _measure(
     converted: GraphModule, node: Node, run: Callable[[tuple], torch.Tensor], batches: list
 ) -> list[int]:
-    """``[elements, differing, max steps]`` of one tensor: the reference's integers against
-    what ``run`` returns for it, over every batch."""
+    """``[elements, differing, max steps]`` of one tensor: the reference's integers (the
+    reference cut at ``node``: only what it is computed from runs) against what ``run``
+    returns for it, over every batch."""
     total = [0, 0, 0]
+    reference = _cut(converted, node)
     for args in batches:
-        recorder = _Recorder(converted, [node])
         with torch.no_grad():
-            recorder.run(*args)
+            (ours,) = reference(*args)
             theirs = run(args)
-        ours = recorder.seen[node.name]
         if theirs.shape != ours.shape:
             raise ConfigError(
                 f"bisect_lowering: the lowered program's tensor for {node.format_node()} has "
