@@ -60,12 +60,45 @@ def _check(converted: Any, example_inputs: Any, backend: Any) -> tuple[Any, ...]
     return example_inputs
 
 
+def _backend(backend: str) -> Any:
+    """The lowering function of ``backend`` (imported only when used)."""
+    if backend == "xnnpack":
+        from qviz.engine.lower.xnnpack import lower_xnnpack
+
+        return lower_xnnpack
+    if backend == "inductor":
+        from qviz.engine.lower.inductor import lower_inductor
+
+        return lower_inductor
+    from qviz.engine.lower.onnxruntime import lower_onnxruntime
+
+    return lower_onnxruntime
+
+
+def _given(artifact: Any, backend: str) -> bytes | None:
+    """The bytes of a given artifact, refused unless the backend runs one as it is."""
+    if artifact is None:
+        return None
+    if backend != "onnxruntime":
+        raise ConfigError(
+            f"lower(artifact=...) runs a given .onnx on onnxruntime; backend={backend!r} builds "
+            f"its own program: leave artifact out, or use backend='onnxruntime'"
+        )
+    if isinstance(artifact, bytes | bytearray):
+        return bytes(artifact)
+    file = Path(artifact)
+    if not file.is_file():
+        raise ConfigError(f"lower(artifact={str(artifact)!r}): no such file")
+    return file.read_bytes()
+
+
 def lower(
     converted: GraphModule,
     example_inputs: tuple[Any, ...] | torch.Tensor,
     backend: str = "xnnpack",
     *,
     path: str | Path | None = None,
+    artifact: str | Path | bytes | None = None,
 ) -> LoweredModel:
     """Lower ``converted`` onto ``backend``'s kernels; the lowered model and its records.
 
@@ -79,6 +112,10 @@ def lower(
             X86InductorQuantizer, whose uint8 activations those kernels take).
         path: where to write the artifact (``.pte``, ``.onnx``, or Inductor's wrapper code
             ``.py``); None keeps it in memory.
+        artifact: ``"onnxruntime"`` only: run this ``.onnx`` (a path or its bytes, e.g. the
+            file a device team shipped) as it is, instead of exporting ``converted``; the
+            records and :func:`qviz.numeric.compare_lowered` then measure it against
+            ``converted``.
 
     Returns:
         A :class:`LoweredModel`: call it like ``converted``; ``.kernels``, ``.size_bytes``,
@@ -101,18 +138,22 @@ def lower(
         (torch.Size([3, 3]), 1)
     """
     example_inputs = _check(converted, example_inputs, backend)
+    given = _given(artifact, backend)
     first = batch_and_dtype(converted)
     dynamic = first is not None and first[0] is None
     start = time.perf_counter()
-    if backend == "xnnpack":
-        from qviz.engine.lower.xnnpack import lower_xnnpack as lower_to
-    elif backend == "inductor":
-        from qviz.engine.lower.inductor import lower_inductor as lower_to
-    else:
-        from qviz.engine.lower.onnxruntime import lower_onnxruntime as lower_to
-    run, records, artifact, written, *size = lower_to(
-        converted, example_inputs, dynamic, Path(path) if path is not None else None
+    extra = (given,) if given is not None else ()
+    made = _backend(backend)(
+        converted, example_inputs, dynamic, Path(path) if path is not None else None, *extra
     )
+    return _lowered_model(made, backend, converted, example_inputs, dynamic, start)
+
+
+def _lowered_model(
+    made: tuple, backend: str, converted: Any, example_inputs: tuple, dynamic: bool, start: float
+) -> LoweredModel:
+    """The :class:`LoweredModel` of what a backend's lowering function returned."""
+    run, records, artifact, written, *size = made
     lowered = LoweredModel(
         run,
         backend=backend,

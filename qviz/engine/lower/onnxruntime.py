@@ -309,10 +309,15 @@ def _unfused(op: str) -> str:
 
 
 def lower_onnxruntime(
-    converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
+    converted: Any,
+    example_inputs: tuple[Any, ...],
+    dynamic_batch: bool,
+    path: Path | None,
+    given: bytes | None = None,
 ) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
-    """Export, optimise and load; the run function, the records, the file's bytes and path."""
-    from qviz.engine.onnx.export import _import, export_onnx
+    """Export (or take ``given``, an .onnx's bytes, as it is), optimise and load; the run
+    function, the records, the file's bytes and path."""
+    from qviz.engine.onnx.export import _import
 
     ort = _import("onnxruntime")
     onnx = _import("onnx")
@@ -322,11 +327,11 @@ def lower_onnxruntime(
         target = Path(folder.name) / "model.onnx"
     else:
         target = Path(path)
-    export_onnx(converted, example_inputs, target, dynamic_batch=dynamic_batch)
+    if given is None:
+        _export(converted, example_inputs, target, dynamic_batch)
+    else:
+        target.write_bytes(given)
     model = onnx.load(str(target))
-    uint8_activations(model)
-    global_pools(model)
-    onnx.save(model, str(target))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     optimised = target.with_name(target.stem + ".optimized.onnx")
@@ -346,3 +351,17 @@ def lower_onnxruntime(
         return [torch.from_numpy(o) for o in session.run(None, feed)]
 
     return run, records, artifact, (None if folder is not None else target)
+
+
+def _export(converted: Any, example_inputs: tuple, target: Path, dynamic_batch: bool) -> None:
+    """The QDQ export, stated for onnxruntime's x86 integer kernels (uint8 activations, global
+    average pools)."""
+    import onnx
+
+    from qviz.engine.onnx.export import export_onnx
+
+    export_onnx(converted, example_inputs, target, dynamic_batch=dynamic_batch)
+    model = onnx.load(str(target))
+    uint8_activations(model)
+    global_pools(model)
+    onnx.save(model, str(target))

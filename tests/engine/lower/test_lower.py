@@ -190,3 +190,34 @@ def test_xnnpacks_own_reason_for_each_operator_it_refused():
     assert "mean.dim only supports" in refused["mean"].reason
     assert refused["amax"].reason.endswith("XNNPACK has no kernel for aten.amax.default")
     assert {"conv2d", "relu"} <= {r.source for r in lowered.kernels if r.kernel == "integer"}
+
+
+def test_a_shipped_onnx_is_run_as_it_is_and_measured_against_the_reference(digits, tmp_path):
+    """lower(artifact=...) runs a given .onnx (a scale altered after export, as a faulty
+    toolchain might) instead of exporting: its outputs carry the defect, compare_lowered
+    names the altered tensor, and a clean export of the same model agrees."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    from qviz.numeric import compare_lowered
+
+    converted, batches = digits
+    clean = qviz.lower(converted, (batches[0],), backend="onnxruntime", path=tmp_path / "m.onnx")
+    model = onnx.load(str(tmp_path / "m.onnx"))
+    node = [n for n in model.graph.node if n.op_type == "QuantizeLinear"][4]
+    scale = next(i for i in model.graph.initializer if i.name == node.input[1])
+    model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(scale) * 2, "s2"))
+    node.input[1] = "s2"
+    onnx.save(model, str(tmp_path / "shipped.onnx"))
+    shipped = qviz.lower(converted, (batches[0],), backend="onnxruntime",
+                         artifact=tmp_path / "shipped.onnx")  # fmt: skip
+    assert shipped.artifact == (tmp_path / "shipped.onnx").read_bytes()
+    x = batches[0]
+    assert not torch.equal(shipped(x), clean(x))  # the defect is in what runs
+    found = compare_lowered(converted, shipped, batches[:2], tolerance=3).first_departure
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    assert found["tensor"] == [n.name for n in converted.graph.nodes if n.target == quantize][4]
+    with pytest.raises(ConfigError, match=r"runs a given \.onnx on onnxruntime"):
+        qviz.lower(converted, (x,), backend="xnnpack", artifact=tmp_path / "shipped.onnx")
+    with pytest.raises(ConfigError, match="no such file"):
+        qviz.lower(converted, (x,), backend="onnxruntime", artifact=tmp_path / "none.onnx")
