@@ -17,6 +17,12 @@ to call every oneDNN int8 kernel the graph names. The artifact is that wrapper c
 calling the kernels, with the C++ of Inductor's own loops inside); ``size_bytes`` counts it plus
 the frozen constants it runs with (packed int8 weights, their scales, biases).
 
+A model exported with ``dynamic_batch=True`` is compiled with a symbolic batch (every other size
+fixed), once. One exception: with a symbolic batch, Inductor expects a contiguous output from a
+quantized conv whose input has one channel, where oneDNN writes channels-last; such a model is
+compiled for the example's batch and again for each new batch size (up to dynamo's recompile
+limit, then an error rather than a silent eager run).
+
 Example:
     >>> import torch
     >>> kernel_of_target(torch.ops.onednn.qlinear_pointwise.default)
@@ -47,9 +53,9 @@ _QDQ = ("quantize_per_tensor", "quantize_per_channel", "dequantize_per_tensor",
 _DATA = ("view", "reshape", "permute", "squeeze", "unsqueeze", "clone", "expand", "slice",
          "cat", "getitem", "max_pool", "constant_pad", "_to_copy", "alias", "flatten",
          "contiguous", "transpose", "sym_size", "force_stride_order", "split")  # fmt: skip
-#: Inductor's uint8 lowerings of data movement (a max-pool, a reshape, a concatenation).
 _FLOAT_MM = ("aten.mm", "aten.addmm", "aten.bmm", "aten.convolution")
 _RANK = {"integer": 0, "float": 1, "data": 2, "quantize": 3}
+#: Inductor's uint8 lowerings of data movement (a max-pool, a reshape, a concatenation).
 _INT8_DATA = {"qmaxpool2d": "quantized.max_pool2d", "qreshape": "reshape (uint8)",
               "qcat": "cat (uint8)"}  # fmt: skip
 
