@@ -352,8 +352,8 @@ def _float_records(
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in QUANTIZABLE_OPS:
             continue
-        if node.name in observed or node.meta.get(QAT_PART):
-            continue
+        if node.name in observed or node.meta.get(QAT_PART) or node.meta.get("qviz_fused_into"):
+            continue  # observed, part of a QAT pattern, or run inside a quantized op's kernel
         op = getattr(node.target, "__name__", str(node.target))
         if node.name in unfolded_bn:
             out.append(

@@ -43,6 +43,9 @@ from qviz.errors import AnnotationError, ConfigError
 FLOAT_REASON_KEY = "qviz_float_reason"
 #: ``node.meta`` key: a short human-readable detail for the float reason.
 FLOAT_DETAIL_KEY = "qviz_float_detail"
+#: ``node.meta`` key: the quantized operator whose int8 kernel runs this node as a fused post
+#: op (a relu or add after a conv); the QuantPlan does not count such a node as left in float.
+FUSED_INTO_KEY = "qviz_fused_into"
 #: The reasons a quantizer may record (the QuantPlan's vocabulary).
 FLOAT_REASONS = (
     "filtered by module name",

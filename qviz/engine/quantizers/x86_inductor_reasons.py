@@ -4,8 +4,10 @@ Every operator node with no quantized input or output gets ``qviz_float_reason``
 ``qviz_float_detail`` (the plan reads them for the quantizable operators it lists as float):
 
 * a setting with config None covers it: user fallback or filtered by module name;
-* it is part of an int8 fusion (the relu after a conv, the add after a linear): Inductor runs it
-  inside the fused kernel, and its output is quantized only where an int8 consumer reads it;
+* none, where it is part of an int8 fusion (the relu after a conv, the add after a linear):
+  Inductor runs it inside the fused kernel, so it is not left in float; it gets
+  ``qviz_fused_into`` (the conv / linear) instead, and its output is quantized only where an int8
+  consumer reads it;
 * a pooling / cat / flatten whose input is not the int8 output of a quantized pattern;
 * anything else: the recipe has no int8 kernel for it.
 
@@ -31,6 +33,7 @@ from qviz.engine.quantizers.annotate import (
     USER_FALLBACK,
     record_float_reason,
 )
+from qviz.engine.quantizers.base import FUSED_INTO_KEY
 from qviz.engine.quantizers.x86_inductor_patterns import INT8_IN_INT8_OUT, QUANTIZABLE, aten
 from qviz.engine.specs import Q_ANNOTATION_KEY
 
@@ -60,12 +63,6 @@ def _fused_into(node: Node) -> Node | None:
 
 def _recipe_detail(node: Node) -> str:
     op = getattr(node.target, "__name__", str(node.target))
-    head = _fused_into(node) if node.meta.get(Q_ANNOTATION_KEY) is not None else None
-    if head is not None:
-        return (
-            f"{op} is fused into {head.name}'s int8 kernel by Inductor; its output is quantized "
-            f"only where an int8 operator reads it (X86InductorQuantizer's recipe)"
-        )
     if node.target is aten.flatten.using_ints and not any(
         u.target in QUANTIZABLE for u in node.users
     ):
@@ -90,5 +87,12 @@ def record_reasons(gm: GraphModule, none_setting: Callable[[Node], str | None]) 
                 FILTERED_BY_MODULE_NAME if setting.startswith("set_module_name") else USER_FALLBACK
             )
             record_float_reason(node, reason, setting)
+        elif (head := _fused_post_op(node)) is not None:
+            node.meta[FUSED_INTO_KEY] = head.name  # runs inside head's int8 kernel
         else:
             record_float_reason(node, PATTERN_UNSUPPORTED, _recipe_detail(node))
+
+
+def _fused_post_op(node: Node) -> Node | None:
+    """The quantized conv / linear whose int8 kernel runs ``node`` as a fused post op."""
+    return _fused_into(node) if node.meta.get(Q_ANNOTATION_KEY) is not None else None

@@ -246,3 +246,25 @@ def test_torchvision_models(name):
         for _ in range(3):
             model(torch.randn(8, 3, 64, 64))
     _check_real(model, batches, 10)
+
+
+def test_a_post_op_fused_into_a_quantized_conv_is_not_left_in_float():
+    """conv -> relu: Inductor runs the relu inside the conv's int8 kernel; the plan records it
+    as fused into the conv, not among the operators left in float."""
+
+    class ConvRelu(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.sigmoid(torch.relu(self.conv(x)))
+
+    x = torch.randn(2, 3, 8, 8)
+    gm = qviz.export(ConvRelu().eval(), (x,))
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    prepared = qviz.prepare_pt2e(gm, quantizer)
+    relu = next(n for n in prepared.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert relu.meta["qviz_fused_into"] == "conv2d"
+    floats = {r.node: r for r in prepared.plan.float_nodes}
+    assert "relu" not in floats and "sigmoid" in floats  # sigmoid: no int8 recipe
