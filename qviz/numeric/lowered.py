@@ -148,6 +148,7 @@ def _session_with_quantize_outputs(
         if node.op_type == "QuantizeLinear":
             names.append(node.output[0])
     options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: not the optimiser's notes on each session
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]

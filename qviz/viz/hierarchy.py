@@ -111,37 +111,51 @@ def collapse(
     rep = _representatives(view, collapse_)
     types = dict(view.module_types)
     nodes: dict[str, ViewNode] = {}
-    counts: dict[str, int] = {}
-    floats: dict[str, list[str]] = {}
-    worst: dict[str, float] = {}
+    members: dict[str, list[ViewNode]] = {}
     for node in view.nodes:
         name = rep[node.name]
         if name == node.name:
             nodes[name] = node
             continue
-        if node.kind != "marker":
-            counts[name] = counts.get(name, 0) + node.count
-        if node.kind == "float":
-            floats.setdefault(name, []).append(node.name)
-        if node.value is not None:
-            worst[name] = min(worst.get(name, node.value), node.value)
+        members.setdefault(name, []).append(node)
         if name not in nodes:
             path = name.removeprefix("module/")
             parent = path.rpartition(".")[0]
             nodes[name] = ViewNode(name, "collapsed", path, types.get(path, ""), parent)
-    for name, count in counts.items():
-        old = nodes[name]
-        value = worst.get(name)
-        detail, tooltip = old.detail, ""
-        if name in floats:  # a box must not hide that some of its ops stay in float
-            left = floats[name]
-            note = f"{len(left)} left in float"
-            detail = f"{detail}\\n{note}" if detail else note
-            tooltip = f"left in float: {', '.join(left)}"
-        nodes[name] = ViewNode(
-            name, old.kind, old.label, detail, old.module, tooltip=tooltip, count=count, value=value
-        )
+    for name, inside in members.items():
+        if any(n.kind != "marker" for n in inside):
+            nodes[name] = _box(nodes[name], inside, view.higher_is_better)
     return replace(view, nodes=tuple(nodes.values()), edges=_merge_edges(view, rep))
+
+
+def _box(box: ViewNode, inside: list[ViewNode], higher_is_better: bool) -> ViewNode:
+    """A collapsed box for the nodes ``inside`` it: their op count, their worst metric value,
+    the ops left in float, and the kernels a lowered program runs them on (float if any is)."""
+    count = sum(n.count for n in inside if n.kind != "marker")
+    values = [n.value for n in inside if n.value is not None]
+    value = (max(values) if not higher_is_better else min(values)) if values else None
+    detail, tooltip = box.detail, ""
+    left = [n.name for n in inside if n.kind == "float"]
+    if left:  # a box must not hide that some of its ops stay in float
+        note = f"{len(left)} left in float"
+        detail = f"{detail}\\n{note}" if detail else note
+        tooltip = f"left in float: {', '.join(left)}"
+    kernel, kernel_op = "", ""
+    runs = [n for n in inside if n.kernel]
+    floats = [n for n in runs if n.kernel == "float"]
+    if runs:
+        kernel = "float" if floats else "integer"
+        plural = "" if len(runs) == 1 else "s"
+        kernel_op = (
+            f"{len(floats)} of {len(runs)} op{plural}" if floats else f"{len(runs)} op{plural}"
+        )
+        if floats:
+            names = ", ".join(f"{n.name} ({n.kernel_op})" for n in floats)
+            tooltip = f"float kernels: {names}\\n{tooltip}".rstrip("\\n")
+    return replace(
+        box, detail=detail, tooltip=tooltip, count=count, value=value, kernel=kernel,
+        kernel_op=kernel_op,
+    )  # fmt: skip
 
 
 def _merge_edges(view: GraphView, rep: dict[str, str]) -> tuple[ViewEdge, ...]:

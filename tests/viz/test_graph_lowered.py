@@ -105,3 +105,19 @@ def test_the_report_shows_the_lowered_program_beside_the_quantization_error(lowe
     object.__setattr__(stale, "fingerprint", qviz.engine.graph.fingerprint.fingerprint(nn.ReLU()))
     with pytest.raises(ConfigError, match=r"report\(lowering=\.\.\.\)"):
         report(converted, tmp_path / "s.html", lowered=low, lowering=stale)
+
+
+def test_a_collapsed_box_keeps_the_partition_and_the_worst_steps(lowered):
+    converted, x, low = lowered
+    comparison = compare_lowered(converted, low, x)
+    g = graph(converted, lowered=low, metrics=comparison, collapse=1)
+    boxes = {n.label: n for n in g.view.nodes if n.kind == "collapsed"}
+    assert (boxes["conv"].kernel, boxes["fc"].kernel, boxes["head"].kernel) == (
+        "integer",
+        "integer",
+        "float",
+    )
+    assert "linear_1" in boxes["head"].tooltip  # which op of the box runs in float
+    steps = {r["op"]: r["max_steps"] for r in comparison.rows}
+    assert boxes["fc"].value == steps["linear"] and boxes["conv"].value is None  # relu: outside
+    assert boxes["conv"].kernel_op == "1 op"

@@ -263,6 +263,9 @@ def _signature(model: nn.Module) -> list[inspect.Parameter] | None:
 
 
 def _bind_eager(model: nn.Module, items: Any, where: str) -> ModelInputs:
+    count = getattr(model, "input_count", None)  # a module taking *inputs that knows how many
+    if isinstance(count, int) and not isinstance(items, Mapping):
+        return ModelInputs(tuple(items[:count]), {}, _target(items[count:]))
     params = _signature(model)
     if params is None or any(p.kind is p.VAR_POSITIONAL for p in params):
         if isinstance(items, Mapping):

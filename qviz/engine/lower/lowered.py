@@ -100,6 +100,13 @@ class LoweredModel(nn.Module):
         self._example = tuple(example_inputs)
         self.program = getattr(run, "program", None)
 
+    @property
+    def input_count(self) -> int:
+        """How many positional inputs it takes (those of its example), so that batches of
+        ``(inputs..., target)`` bind to it as to the converted model (``evaluate``, ``compare``).
+        """
+        return len(self._example)
+
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the lowered program; one output comes back as a tensor, several as a tuple."""
         tensors = [x.detach().cpu().contiguous() for x in inputs]
@@ -159,23 +166,37 @@ class LoweredModel(nn.Module):
             f"LoweredModel({self.backend}): {len(self.kernels)} operators ({counts}), "
             f"{self.size_bytes / 1024:.1f} KiB, lowered in {self.lowering_seconds:.2f} s"
         ]
-        lines += [f"  float: {r.node} ({r.op}): {r.reason}" for r in self.float_fallbacks()]
+        lines += [
+            f"  float: {r.source or r.node} ({r.op}): {r.reason}" for r in self.float_fallbacks()
+        ]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return self.summary()
 
     def _repr_html_(self) -> str:
+        """The summary, then the compute operators (the converted op each computes, the kernel,
+        where it runs, why a float one is float); quantize and data operators are counted in
+        the summary and listed under a fold."""
         import html
 
-        rows = "".join(
-            f"<tr><td>{html.escape(r.node)}</td><td>{html.escape(r.op)}</td>"
-            f"<td>{r.kernel}</td><td>{html.escape(r.where)}</td>"
-            f"<td>{html.escape(r.reason)}</td></tr>"
-            for r in self.kernels
+        def table(records: list[KernelRecord]) -> str:
+            rows = "".join(
+                f"<tr><td>{html.escape(r.source)}</td><td>{html.escape(r.op)}</td>"
+                f"<td><b>{r.kernel}</b></td><td>{html.escape(r.where)}</td>"
+                f"<td>{html.escape(r.reason)}</td></tr>"
+                for r in records
+            )
+            head = "".join(f"<th>{h}</th>" for h in ("computes", "op", "kernel", "where", "why"))
+            return f"<table><tr>{head}</tr>{rows}</table>"
+
+        compute = [r for r in self.kernels if r.kernel in ("integer", "float")]
+        other = [r for r in self.kernels if r.kernel not in ("integer", "float")]
+        summary = html.escape(self.summary().splitlines()[0])
+        fold = (
+            f"<details><summary>{len(other)} quantize / dequantize and data operators"
+            f"</summary>{table(other)}</details>"
+            if other
+            else ""
         )
-        head = html.escape(self.summary().splitlines()[0])
-        return (
-            f"<p>{head}</p><table><tr><th>node</th><th>op</th><th>kernel</th><th>where</th>"
-            f"<th>reason</th></tr>{rows}</table>"
-        )
+        return f"<p>{summary}</p>{table(compute)}{fold}"

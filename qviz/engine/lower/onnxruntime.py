@@ -333,6 +333,7 @@ def lower_onnxruntime(
         target.write_bytes(given)
     model = onnx.load(str(target))
     options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: not the optimiser's notes on each session
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     optimised = target.with_name(target.stem + ".optimized.onnx")
     options.optimized_model_filepath = str(optimised)
