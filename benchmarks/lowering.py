@@ -2,11 +2,14 @@
 
 Run from the repository root (a few minutes)::
 
-    .venv/bin/python benchmarks/lowering.py [digits resnet18 mobilenet_v2] [--backends=inductor]
+    .venv/bin/python benchmarks/lowering.py [digits resnet18 mobilenet_v2 resnet50 encoder]
+        [--backends=inductor]
 
-For each model (the embedded digits model; torchvision's with random weights, 3x224x224): float
-eager, float ``torch.compile`` (plain, and with Inductor's freezing, which packs the float
-weights for oneDNN as the int8 path packs its own), and the converted model lowered with
+For each model (the embedded digits model; torchvision's with random weights, 3x224x224; a
+4-layer transformer encoder, d_model 256, 64 tokens): float eager, float ``torch.compile``
+(plain, and with Inductor's freezing, which packs the float weights for oneDNN as the int8 path
+packs its own), the float model on ExecuTorch's XNNPACK delegate, and the converted model
+lowered with
 ``qviz.lower``: XNNPACK quantizer (per-channel weights) to ExecuTorch XNNPACK and to
 onnxruntime; X86InductorQuantizer (uint8 activations) to Inductor's oneDNN int8 kernels: the
 latency at batch 1 and 8 (2 threads), artifact size, lowering time, how many operators run on
@@ -27,6 +30,7 @@ import torchvision
 
 import qviz
 from qviz.data import digits_loaders, digits_model
+from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
 BATCHES = (1, 8)
@@ -43,11 +47,26 @@ def _cpu_flags() -> str:
     return " ".join(f for f in wanted if f" {f}" in flags) or "none of " + " ".join(wanted)
 
 
+class Encoder(torch.nn.Module):
+    """A transformer encoder (4 layers, d_model 256, 4 heads, 64 tokens), then a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(256, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(1))
+
+
 def _model(name: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     if name == "digits":
         return digits_model(), [x for x, _ in digits_loaders(batch_size=8).calibration][:8]
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
+    if name == "encoder":
+        return Encoder(), [torch.randn(8, 64, 256, generator=g) for _ in range(4)]
     model = getattr(torchvision.models, name)(weights=None)
     return model, [torch.randn(8, 3, 224, 224, generator=g) for _ in range(4)]
 
@@ -114,6 +133,27 @@ def _float_rows(model: torch.nn.Module, batches: list) -> list:
             with torch._inductor.config.patch(freezing=label == "float frozen"):
                 for b, x in zip(BATCHES, inputs, strict=True):
                     rows.append((label, b, _seconds(fn, x), size, None, None, None))
+    return rows + _executorch_float_rows(model, batches[0])
+
+
+def _executorch_float_rows(model: torch.nn.Module, x: torch.Tensor) -> list:
+    """The float model on ExecuTorch's XNNPACK delegate (fp32 kernels), the int8 rows' twin."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    start = time.perf_counter()
+    shapes = dynamic_batch_shapes((x,))
+    program = torch.export.export(model, (x,), dynamic_shapes=shapes)
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    buffer = edge.to_executorch().buffer
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    lowering = time.perf_counter() - start
+    rows = []
+    for b in BATCHES:
+        xb = x[torch.arange(b) % x.shape[0]]
+        seconds = _seconds(lambda t: method.execute([t]), xb)
+        rows.append(("xnnpack float", b, seconds, len(buffer), lowering, "fp32 delegate", None))
     return rows
 
 
@@ -165,6 +205,12 @@ def _print(name: str, rows: list) -> None:
                 f"batch {b}: Inductor int8 is {ms[('float compiled', b)] / int8:.2f}x as fast as "
                 f"float compiled, {ms[('float frozen', b)] / int8:.2f}x as fast as float frozen"
             )
+        int8 = ms.get(("xnnpack", b))
+        if int8 and ("xnnpack float", b) in ms:
+            print(
+                f"batch {b}: XNNPACK int8 is {ms[('xnnpack float', b)] / int8:.2f}x as fast as "
+                f"XNNPACK float, {ms[('float compiled', b)] / int8:.2f}x as fast as float compiled"
+            )
 
 
 def main() -> None:
@@ -173,7 +219,7 @@ def main() -> None:
     picked = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backends=")]
     backends = tuple(picked[0].split(",")) if picked else BACKENDS
     names = [a for a in sys.argv[1:] if not a.startswith("--")]
-    for name in names or ["digits", "resnet18", "mobilenet_v2"]:
+    for name in names or ["digits", "resnet18", "mobilenet_v2", "resnet50", "encoder"]:
         run(name, backends)
 
 
