@@ -31,8 +31,10 @@ Each probe is exact, per backend: ``"onnxruntime"``, a session over the lowered 
 (:attr:`LoweredModel.artifact`) with that one QuantizeLinear's output added as a graph output;
 ``"xnnpack"``, the program the lowered model was lowered from (:attr:`LoweredModel.program`), cut
 at that quantize operator and lowered to XNNPACK again, so whatever is in that program is in
-each cut (a few seconds per probe on a small model: one lowering each); the tensor the model's
-one output dequantizes is read from the lowered model itself.
+each cut (a few seconds per probe on a small model: one lowering each); ``"inductor"``, the
+converted model cut at that quantize operator and compiled by the same Inductor lowering, so a
+fault of the compiler (a pass, a kernel) is in each cut as it is in the whole program. The
+tensor the model's one output dequantizes is read from the lowered model itself.
 
 Example:
     >>> r = BisectionResult(probes=({"tensor": "q", "op": "linear", "role": "output",
@@ -61,14 +63,14 @@ from qviz.numeric.lowered import (
     _tally,
 )
 
-__all__ = ["BisectionResult", "bisect_lowering"]
-
 #: How each backend's probe shows one tensor of the lowered program.
 PROBE_METHODS = {
     "onnxruntime": "onnxruntime session over the lowered .onnx with that one QuantizeLinear's "
     "output added as a graph output",
     "xnnpack": "the lowered program cut at that quantize operator and lowered to XNNPACK again "
     "(the model's output tensor: read from the lowered model itself)",
+    "inductor": "the converted model cut at that quantize operator and compiled by Inductor "
+    "again (the model's output tensor: read from the lowered model itself)",
 }
 
 _COLUMNS = ("tensor", "op", "role", "departed", "max_steps", "share")
@@ -334,7 +336,24 @@ def _xnnpack_probe(lowered: Any, order: list[Node], example: tuple) -> Any:
     return probe
 
 
-_PROBES = {"onnxruntime": _onnx_probe, "xnnpack": _xnnpack_probe}
+def _inductor_probe(lowered: Any, order: list[Node], example: tuple) -> Any:
+    """Probe factory: candidate index -> the converted model cut at that quantize, compiled by
+    the same Inductor lowering (oneDNN int8 kernels where the cut keeps their pattern)."""
+    from qviz.engine.lower.inductor import lower_inductor
+
+    module = order[0].graph.owning_module
+
+    def probe(i: int) -> Callable[[tuple], torch.Tensor]:
+        whole = _whole(lowered, order[i])
+        if whole is not None:
+            return whole
+        run = lower_inductor(_cut(module, order[i]), example, lowered.dynamic_batch, None)[0]
+        return lambda args: run(list(args))[0]
+
+    return probe
+
+
+_PROBES = {"onnxruntime": _onnx_probe, "xnnpack": _xnnpack_probe, "inductor": _inductor_probe}
 
 
 def _check(converted: Any, lowered: Any, tolerance: Any) -> None:

@@ -12,7 +12,9 @@ Granularity per backend: ``"onnxruntime"``, every quantized tensor (each Quantiz
 becomes an output of the optimised session, whose fused kernels keep those names).
 ``"xnnpack"``: ExecuTorch runs a delegate as one call, so only the model's outputs can be
 compared (:func:`compare_lowered` says so and compares those); ``"inductor"`` likewise (fused
-oneDNN kernels keep no intermediate tensors).
+oneDNN kernels keep no intermediate tensors). An output that is a dequantize is measured in
+steps of its grid; a float output (X86InductorQuantizer leaves the last layer's output float) in
+steps of an 8-bit grid over its range, ``max |output| / 127``.
 
 Example:
     >>> import torch, qviz
@@ -302,28 +304,30 @@ def _row(tensor: str, op: str, elements: int, differing: int, max_steps: int) ->
             "share": share, "max_steps": max_steps}  # fmt: skip
 
 
-def _output_step(converted: GraphModule) -> float:
-    """One step of the output's grid: the scale of the dequantize that is the output (the last
-    layer's output quantized, as XNNPACKQuantizer does), else of the one the last layer reads
-    (its output left float, as X86InductorQuantizer does); 1.0 when neither is quantized."""
+def _output_step(converted: GraphModule) -> float | None:
+    """One step of the output's grid when the output is a dequantize (the last layer's output
+    quantized, as XNNPACKQuantizer does); None when the output is float (X86InductorQuantizer
+    leaves the last layer's output float)."""
     out = next(n for n in converted.graph.nodes if n.op == "output").args[0]
     last = out[0] if isinstance(out, (tuple, list)) else out
-    for node in (last, *getattr(last, "all_input_nodes", ())):
-        if "dequantize_per_tensor" in str(getattr(node, "target", "")):
-            if isinstance(node.args[1], float):
-                return node.args[1]
-    return 1.0
+    if "dequantize_per_tensor" in str(getattr(last, "target", "")):
+        if isinstance(last.args[1], float):
+            return last.args[1]
+    return None
 
 
 def _compare_outputs(
     converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
 ) -> LoweringComparison:
-    """The model outputs only, in steps of the output's grid (a delegate runs as one call)."""
+    """The model outputs only, in steps of the output's grid (a delegate runs as one call); a
+    float output in steps of an 8-bit grid over its range (``max |output| / 127`` per batch)."""
     step = _output_step(converted)
     total = [0, 0, 0]
     for args in _bound_batches(converted, data, max_batches):
         with torch.no_grad():
-            _tally(total, ((lowered(*args) - converted(*args)).abs() / step).round())
+            ours, theirs = converted(*args), lowered(*args)
+        grid = step if step is not None else max(float(ours.abs().max()) / 127, 1e-12)
+        _tally(total, ((theirs - ours).abs() / grid).round())
     row = _row("output", "output", *total)
     return LoweringComparison(
         (row,), lowered.backend, "model outputs", tolerance, lowered.fingerprint

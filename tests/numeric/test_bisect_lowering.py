@@ -244,3 +244,43 @@ def test_refusals(chain, residual, data):
     bare.backend, bare.program = "xnnpack", None
     with pytest.raises(ConfigError, match="keeps none"):
         bisect_lowering(chain, bare, data)
+
+
+def test_a_defect_planted_in_inductors_compile_is_found_by_compiling_cuts():
+    """A buggy compiler pass (a pre-grad pass doubling one quantize's scale) is in every program
+    Inductor compiles, the whole model's and each cut's, as a real lowering bug would be: the
+    outputs depart, and bisecting compiled cuts names the tensor it altered; without the pass
+    the same lowering agrees after one probe."""
+    pytest.importorskip("torchao")
+    from qviz.engine.quantizers import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *[m for _ in range(6) for m in (nn.Conv2d(4, 4, 3, padding=1), nn.ReLU())]
+    )
+    x = torch.randn(8, 4, 8, 8)
+    gm = qviz.export(model.eval(), (x,))
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    prepared = qviz.prepare_pt2e(gm, quantizer)
+    qviz.calibrate(prepared, x, progress=False)
+    converted = qviz.convert_pt2e(prepared)
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    planted = [n for n in converted.graph.nodes if n.target == quantize][3]
+    scale = planted.args[1]
+
+    def buggy_pass(graph):
+        for node in graph.nodes:
+            if node.target == quantize and node.args[1] == scale:
+                node.args = (node.args[0], scale * 2, *node.args[2:])
+
+    clean = qviz.lower(converted, (x,), backend="inductor")
+    assert bisect_lowering(converted, clean, x).agrees
+    with torch._inductor.config.patch(pre_grad_custom_pass=buggy_pass):
+        lowered = qviz.lower(converted, (x,), backend="inductor")
+        assert compare_lowered(converted, lowered, x).first_departure is not None
+        result = bisect_lowering(converted, lowered, x)
+    assert result.first_departure["tensor"] == planted.name
+    assert len(result.probes) < result.candidates and result.method.startswith("the converted")
