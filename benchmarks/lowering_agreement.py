@@ -17,6 +17,7 @@ the figures depend on the CPU's kernels (its int8 flags are printed first).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torchvision
@@ -26,30 +27,10 @@ from qviz.data import digits_loaders, digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.numeric import bisect_lowering, compare_lowered
 
+sys.path.insert(0, str(Path(__file__).parent))
+from lowering import Encoder, _cpu_flags
+
 MODELS = ("digits", "resnet18", "mobilenet_v2", "encoder")
-
-
-def _cpu_flags() -> str:
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    wanted = ("avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8")
-    return " ".join(f for f in wanted if f" {f}" in flags) or "none of " + " ".join(wanted)
-
-
-class Encoder(torch.nn.Module):
-    """A 2-layer transformer encoder (d_model 64, 4 heads) over 16 tokens, then a classifier."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = torch.nn.Linear(64, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x).mean(1))
 
 
 def _model(name: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
@@ -58,7 +39,7 @@ def _model(name: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     if name == "digits":
         return digits_model(), [x for x, _ in digits_loaders(batch_size=36).calibration][:5]
     if name == "encoder":
-        return Encoder(), [torch.randn(8, 16, 64, generator=g) for _ in range(4)]
+        return Encoder(), [torch.randn(4, 64, 256, generator=g) for _ in range(4)]
     model = getattr(torchvision.models, name)(weights=None)
     return model, [torch.randn(4, 3, 96, 96, generator=g) for _ in range(4)]
 

@@ -54,13 +54,13 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from qviz.engine.graph.fingerprint import fingerprint
 from qviz.errors import ConfigError
 from qviz.numeric.lowered import (
     _activation_quantizes,
     _bound_batches,
     _session_with_quantize_outputs,
     _tally,
+    check_lowered,
 )
 
 #: How each backend's probe shows one tensor of the lowered program.
@@ -357,15 +357,7 @@ _PROBES = {"onnxruntime": _onnx_probe, "xnnpack": _xnnpack_probe, "inductor": _i
 
 
 def _check(converted: Any, lowered: Any, tolerance: Any) -> None:
-    if getattr(lowered, "artifact", None) is None or not hasattr(lowered, "backend"):
-        raise ConfigError(
-            f"bisect_lowering needs what qviz.lower returned, got {type(lowered).__name__}"
-        )
-    if lowered.fingerprint != fingerprint(converted):
-        raise ConfigError(
-            "bisect_lowering: this lowered model was lowered from another model than "
-            "`converted` (their fingerprints differ); pass the converted model you lowered"
-        )
+    check_lowered(converted, lowered, "bisect_lowering")
     if lowered.backend not in _PROBES:
         raise ConfigError(
             f"bisect_lowering has no exact probe of one tensor for backend "

@@ -202,15 +202,7 @@ def compare_lowered(
         >>> compare_lowered(c, qviz.lower(c, (x,), backend="onnxruntime"), x).df.columns.tolist()
         ['tensor', 'op', 'elements', 'differing', 'share', 'max_steps']
     """
-    if getattr(lowered, "artifact", None) is None or not hasattr(lowered, "backend"):
-        raise ConfigError(
-            f"compare_lowered needs what qviz.lower returned, got {type(lowered).__name__}"
-        )
-    if lowered.fingerprint != fingerprint(converted):
-        raise ConfigError(
-            "compare_lowered: this lowered model was lowered from another model than "
-            "`converted` (their fingerprints differ); pass the converted model you lowered"
-        )
+    check_lowered(converted, lowered, "compare_lowered")
     if float_model is not None:  # both comparisons read the same batches
         data = list(_limited(batches_of(data, "compare_lowered"), max_batches))
     if lowered.backend != "onnxruntime":
@@ -218,6 +210,25 @@ def compare_lowered(
     else:
         result = _compare_tensors(converted, lowered, data, tolerance, max_batches)
     return result if float_model is None else _beside(result, float_model, converted, data)
+
+
+def check_lowered(converted: GraphModule, lowered: Any, where: str) -> None:
+    """Refuse ``lowered`` unless it is what ``qviz.lower(converted, ...)`` returned.
+
+    Example:
+        >>> import torch
+        >>> check_lowered(torch.fx.symbolic_trace(torch.nn.ReLU()), object(), "here")
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: here needs what qviz.lower returned, got object
+    """
+    if getattr(lowered, "artifact", None) is None or not hasattr(lowered, "backend"):
+        raise ConfigError(f"{where} needs what qviz.lower returned, got {type(lowered).__name__}")
+    if lowered.fingerprint != fingerprint(converted):
+        raise ConfigError(
+            f"{where}: this lowered model was lowered from another model than `converted` "
+            f"(their fingerprints differ); pass the converted model you lowered"
+        )
 
 
 def _limited(batches: Any, most: int | None) -> Any:
