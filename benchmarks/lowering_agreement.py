@@ -7,8 +7,9 @@ Run from the repository root (a few minutes)::
 Each model is quantized with the XNNPACK quantizer (per-channel weights), calibrated on its
 calibration batches and lowered with ``qviz.lower`` to onnxruntime (compared tensor by tensor:
 every QuantizeLinear's output) and to ExecuTorch XNNPACK (compared at the model outputs: a
-delegate runs as one call; ``qviz.numeric.bisect_lowering`` finds the first departing tensor
-when the outputs depart). For each: how many quantized tensors differ at all, how many
+delegate runs as one call); with X86InductorQuantizer, to x86 Inductor (at the outputs).
+``qviz.numeric.bisect_lowering`` finds the first departing tensor where the outputs depart.
+For each: how many quantized tensors differ at all, how many
 elements differ by one step and by more, the largest difference in steps and where, and the
 first tensor more than one step away. torchvision models and the encoder have random weights;
 the figures depend on the CPU's kernels (its int8 flags are printed first).
@@ -24,7 +25,12 @@ import torchvision
 
 import qviz
 from qviz.data import digits_loaders, digits_model
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers import (
+    X86InductorQuantizer,
+    XNNPACKQuantizer,
+    get_default_x86_inductor_quantization_config,
+    get_symmetric_quantization_config,
+)
 from qviz.numeric import bisect_lowering, compare_lowered
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,10 +50,16 @@ def _model(name: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     return model, [torch.randn(4, 3, 96, 96, generator=g) for _ in range(4)]
 
 
-def _converted(model: torch.nn.Module, batches: list[torch.Tensor]):
+def _converted(model: torch.nn.Module, batches: list[torch.Tensor], backend: str):
     gm = qviz.export(model.eval(), (batches[0],))
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+    if backend == "inductor":  # oneDNN's int8 kernels take uint8 activations
+        quantizer = X86InductorQuantizer().set_global(
+            get_default_x86_inductor_quantization_config()
+        )
+    else:
+        config = get_symmetric_quantization_config(is_per_channel=True)
+        quantizer = XNNPACKQuantizer().set_global(config)
+    prepared = qviz.prepare_pt2e(gm, quantizer)
     qviz.calibrate(prepared, batches, progress=False)
     return qviz.convert_pt2e(prepared)
 
@@ -69,12 +81,15 @@ def main(names: list[str]) -> None:
     print(f"torch {torch.__version__}; CPU int8 flags: {_cpu_flags()}")
     for name in names:
         model, batches = _model(name)
-        converted = _converted(model, batches)
-        for backend in ("onnxruntime", "xnnpack"):
+        xnnpack_converted = _converted(model, batches, "xnnpack")
+        for backend in ("onnxruntime", "xnnpack", "inductor"):
+            converted = (
+                xnnpack_converted if backend != "inductor" else _converted(model, batches, backend)
+            )
             lowered = qviz.lower(converted, (batches[0],), backend=backend)
             result = compare_lowered(converted, lowered, batches)
             print(_line(name, backend, result, lowered.lowering_seconds), flush=True)
-            if backend == "xnnpack" and result.first_departure is not None:
+            if backend != "onnxruntime" and result.first_departure is not None:
                 found = bisect_lowering(converted, lowered, batches)
                 print(f"{'':13s} {'':11s} bisected: {found.summary()}", flush=True)
 
