@@ -183,6 +183,36 @@ class FloatRecord:
 
 
 @dataclass(frozen=True)
+class TransformRecord:
+    """A repair transform applied to the model (``qviz.engine.repair``): what it did, to which
+    nodes, with which numbers, and why; the plan lists them in the order they were applied.
+
+    Attributes:
+        kind: the transform (``"cross_layer_equalization"``, ``"bias_correction"``,
+            ``"smoothquant"``, ``"adaround"``, ...).
+        nodes: the graph nodes it changed (e.g. the two convs of an equalized pair).
+        detail: one line for people: what changed and why.
+        params: its numbers as ``(name, value)`` pairs (scalars or short strings).
+
+    Example:
+        >>> r = TransformRecord("cross_layer_equalization", ("conv2d", "conv2d_1"),
+        ...     "weight ranges equalized through relu", (("max_scale", 3.2),))
+        >>> r.kind, dict(r.params)["max_scale"]
+        ('cross_layer_equalization', 3.2)
+    """
+
+    kind: str
+    nodes: tuple[str, ...]
+    detail: str = ""
+    params: tuple[tuple[str, Any], ...] = ()
+
+
+#: ``GraphModule.meta`` key of the transforms applied to a graph before it was prepared; prepare
+#: copies them into the plan (``QuantPlan.transforms``).
+TRANSFORMS_KEY = "qviz_transforms"
+
+
+@dataclass(frozen=True)
 class QuantPlan:
     """Every decision of prepare (and convert's qparams) as records; iterating gives the tensors."""
 
@@ -192,6 +222,8 @@ class QuantPlan:
     #: Submodule paths of loop bodies (scan, while_loop) quantized with plans of their own
     #: (``model.get_submodule(path).plan``).
     loop_bodies: tuple[str, ...] = ()
+    #: Repair transforms applied to the model, in order (:class:`TransformRecord`).
+    transforms: tuple[TransformRecord, ...] = ()
 
     def __iter__(self) -> Iterator[TensorRecord]:
         return iter(self.tensors)
@@ -285,6 +317,8 @@ class QuantPlan:
                 lines.append(f"    {ref}  [{rec.how}{via}]{note}")
         for path in self.loop_bodies:
             lines.append(f"  loop body {path}: its own plan, model.get_submodule({path!r}).plan")
+        for t in self.transforms:
+            lines.append(f"  transform {t.kind} on {', '.join(t.nodes)}: {t.detail}")
         if self.float_nodes:
             lines.append(f"  left in float: {len(self.float_nodes)}")
             for f in self.float_nodes:
@@ -407,7 +441,28 @@ def build_plan(
         for g, members in sharing.groups.items()
     )
     consumers = {k[1].name if isinstance(k, tuple) else k.name for k in sharing.members}
-    return QuantPlan(groups, tensors, _float_records(gm, consumers, unfolded_bn))
+    transforms = tuple(gm.meta.get(TRANSFORMS_KEY, ()))
+    return QuantPlan(
+        groups, tensors, _float_records(gm, consumers, unfolded_bn), transforms=transforms
+    )
+
+
+def record_transform(gm: GraphModule, record: TransformRecord) -> GraphModule:
+    """Append ``record`` to ``gm``'s transforms: its plan's (a prepared or converted model), and
+    the graph's own list, which a later prepare copies into its plan; ``gm`` returned.
+
+    Example:
+        >>> import torch
+        >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+        >>> r = TransformRecord("smoothquant", ("linear",), "alpha 0.5")
+        >>> record_transform(gm, r).meta[TRANSFORMS_KEY] == (r,)
+        True
+    """
+    gm.meta[TRANSFORMS_KEY] = (*gm.meta.get(TRANSFORMS_KEY, ()), record)
+    plan = plan_of(gm)
+    if plan is not None:
+        set_plan(gm, replace(plan, transforms=(*plan.transforms, record)))
+    return gm
 
 
 #: ``GraphModule.meta`` key of the model's :class:`QuantPlan`: the one place a plan lives
