@@ -51,6 +51,7 @@ PUBLIC_MODULES = {
     "qviz.engine.backend_config",
     "qviz.engine.distributed",
     "qviz.engine.lower",
+    "qviz.engine.repair",
     "qviz.engine.tensor.tensor_quant",
     "qviz.engine.tensor.calib",
     "qviz.engine.tensor.quant_nn",

@@ -1,0 +1,13 @@
+"""Repair transforms for a quantized model's numerics (issue 27 §2).
+
+Each transform works on a copy and records what it did with
+``qviz.engine.pt2e.record_transform`` (shown by ``prepared.plan``).
+"""
+
+from qviz.engine.repair.bias_correction import bias_correction
+from qviz.engine.repair.equalization import cross_layer_equalization
+
+__all__ = [
+    "bias_correction",
+    "cross_layer_equalization",
+]
