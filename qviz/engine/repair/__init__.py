@@ -6,8 +6,11 @@ Each transform works on a copy and records what it did with
 
 from qviz.engine.repair.bias_correction import bias_correction
 from qviz.engine.repair.equalization import cross_layer_equalization
+from qviz.engine.repair.smoothquant import smooth_quant, smoothing_factors
 
 __all__ = [
     "bias_correction",
     "cross_layer_equalization",
+    "smooth_quant",
+    "smoothing_factors",
 ]
