@@ -23,12 +23,14 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-deps aimet-torch==2.42 && $(BIN)/python -m pip install --quiet "bokeh>=3.3.0,<=3.6.3"
 	@touch $(STAMP)
 
 $(NEWEST_STAMP): pyproject.toml
 	@test -x $(NEWEST)/bin/python || $(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
 	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet --upgrade -e ".[test]"
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet --no-deps aimet-torch==2.42 && PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet "bokeh>=3.3.0,<=3.6.3"
 	@touch $(NEWEST_STAMP)
 
 system-deps:
