@@ -14,13 +14,15 @@ lowered with
 onnxruntime; X86InductorQuantizer (uint8 activations) to Inductor's oneDNN int8 kernels: the
 latency at batch 1 and 8 (2 threads), artifact size, lowering time, how many operators run on
 integer and on float kernels, and the largest difference from the reference model in output
-steps. Latency is the fastest of 10 calls (the least disturbed on a shared machine).
+steps. Latency: every row is timed once per round, ten rounds, and its fastest round kept, so
+load from other jobs hits all rows alike and the least disturbed call counts.
 ``--backends=`` picks among xnnpack, onnxruntime, inductor. The CPU flags that matter for
 int8 (AVX-512 VNNI, AMX) are printed first: other machines lack them and give other figures.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import sys
 import time
@@ -71,17 +73,22 @@ def _model(name: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     return model, [torch.randn(8, 3, 224, 224, generator=g) for _ in range(4)]
 
 
-def _seconds(fn, x: torch.Tensor, repeats: int = 10) -> float:
-    """The fastest of ``repeats`` calls: on a shared machine the least disturbed one (a median
-    moves with whatever else runs)."""
-    for _ in range(2):
-        fn(x)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return min(times)
+def _interleaved(candidates: list, repeats: int = 10) -> list[float]:
+    """Seconds per call of each ``(fn, x)``: every round times each candidate once, so load that
+    comes and goes on a shared machine hits all rows alike; the fastest round of each is kept
+    (the least disturbed). Two warm-up calls each first (compiles, caches)."""
+    with torch.no_grad():
+        for fn, x in candidates:
+            fn(x)
+            fn(x)
+        best = [float("inf")] * len(candidates)
+        for _ in range(repeats):
+            for i, (fn, x) in enumerate(candidates):
+                fn(x)  # back on this candidate: its caches (and any guard checks) warm again
+                start = time.perf_counter()
+                fn(x)
+                best[i] = min(best[i], time.perf_counter() - start)
+    return best
 
 
 def _state_bytes(model: torch.nn.Module) -> int:
@@ -123,16 +130,30 @@ def _output_step(converted: torch.fx.GraphModule) -> float:
     return 1.0
 
 
+def _inputs(batches: list) -> list[torch.Tensor]:
+    return [batches[0][torch.arange(b) % batches[0].shape[0]] for b in BATCHES]
+
+
 def _float_rows(model: torch.nn.Module, batches: list) -> list:
+    """``(label, batch, fn, x, size, lowering s, kernels, steps)`` of the float model: eager,
+    compiled, compiled with freezing (each compile on its own copy, so both stay live)."""
     size, rows = _state_bytes(model), []
-    inputs = [batches[0][torch.arange(b) % batches[0].shape[0]] for b in BATCHES]
-    with torch.no_grad():
-        for label in ("float eager", "float compiled", "float frozen"):
-            torch._dynamo.reset()  # the frozen compile must not reuse the plain one's graph
-            fn = model if label == "float eager" else torch.compile(model)
-            with torch._inductor.config.patch(freezing=label == "float frozen"):
-                for b, x in zip(BATCHES, inputs, strict=True):
-                    rows.append((label, b, _seconds(fn, x), size, None, None, None))
+    compiled = torch.compile(copy.deepcopy(model))
+    frozen_fn = torch.compile(copy.deepcopy(model))
+
+    def frozen(x: torch.Tensor) -> torch.Tensor:
+        with torch._inductor.config.patch(freezing=True):
+            return frozen_fn(x)
+
+    for label, fn in (
+        ("float eager", model),
+        ("float compiled", compiled),
+        ("float frozen", frozen),
+    ):
+        rows += [
+            (label, b, fn, x, size, None, None, None)
+            for b, x in zip(BATCHES, _inputs(batches), strict=True)
+        ]
     return rows + _executorch_float_rows(model, batches[0])
 
 
@@ -148,28 +169,28 @@ def _executorch_float_rows(model: torch.nn.Module, x: torch.Tensor) -> list:
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     buffer = edge.to_executorch().buffer
     try:
-        program = Runtime.get().load_program(buffer)  # kept: the method reads it in place
+        loaded = Runtime.get().load_program(buffer)
     except MemoryError as exc:  # ExecuTorch's loader, not the machine: say so and go on
         print(f"ExecuTorch could not load the float program ({len(buffer) >> 20} MiB): {exc}")
         return []
-    method = program.load_method("forward")
+    method = loaded.load_method("forward")
     lowering = time.perf_counter() - start
-    rows = []
-    for b in BATCHES:
-        xb = x[torch.arange(b) % x.shape[0]]
-        seconds = _seconds(lambda t: method.execute([t]), xb)
-        rows.append(("xnnpack float", b, seconds, len(buffer), lowering, "fp32 delegate", None))
-    return rows
+
+    def run(t: torch.Tensor, _keep: tuple = (buffer, loaded)) -> list:
+        return method.execute([t])
+
+    return [
+        ("xnnpack float", b, run, xb, len(buffer), lowering, "fp32 delegate", None)
+        for b, xb in zip(BATCHES, _inputs([x]), strict=True)
+    ]
 
 
-def run(name: str, backends: tuple[str, ...] = BACKENDS) -> None:
-    model, batches = _model(name)
-    model.eval()
-    rows = _float_rows(model, batches)
+def _lowered_rows(name: str, model: torch.nn.Module, batches: list, backends: tuple) -> list:
     config = get_symmetric_quantization_config(is_per_channel=True)
     converted = None
     if set(backends) - {"inductor"}:
         converted = _convert(model, batches, XNNPACKQuantizer().set_global(config))
+    rows = []
     for backend in backends:
         quantized = converted
         if backend == "inductor":
@@ -184,13 +205,19 @@ def run(name: str, backends: tuple[str, ...] = BACKENDS) -> None:
             steps = float((lowered(x) - quantized(x)).abs().max()) / _output_step(quantized)
         counts = lowered.kernel_counts()
         kernels = f"{counts.get('integer', 0)} int / {counts.get('float', 0)} float"
-        for b in BATCHES:
-            x = batches[0][torch.arange(b) % batches[0].shape[0]]
-            rows.append(
-                (backend, b, _seconds(lowered, x), lowered.size_bytes,
-                 lowered.lowering_seconds, kernels, steps)
-            )  # fmt: skip
-    _print(name, rows)
+        rows += [
+            (backend, b, lowered, xb, lowered.size_bytes, lowered.lowering_seconds, kernels, steps)
+            for b, xb in zip(BATCHES, _inputs(batches), strict=True)
+        ]
+    return rows
+
+
+def run(name: str, backends: tuple[str, ...] = BACKENDS) -> None:
+    model, batches = _model(name)
+    model.eval()
+    rows = _float_rows(model, batches) + _lowered_rows(name, model, batches, backends)
+    seconds = _interleaved([(fn, x) for _, _, fn, x, *_ in rows])
+    _print(name, [(r[0], r[1], t, *r[4:]) for r, t in zip(rows, seconds, strict=True)])
 
 
 def _print(name: str, rows: list) -> None:
