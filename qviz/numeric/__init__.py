@@ -2,6 +2,7 @@
 
 :func:`compare` finds the operator that breaks a quantized model: for every quantized operator,
 its own (local) error and the error it inherits (cumulative), in a :class:`NumericReport`;
+:func:`diagnose` says why each poor layer loses accuracy and what to do about it,
 :func:`sensitivity` ranks operators by what quantizing them costs, :func:`fallback` keeps the
 culprit in float, and :func:`compare_configs` shows each layer under several configs.
 
@@ -23,6 +24,7 @@ from qviz.numeric.calibration import (
 )
 from qviz.numeric.compare import compare
 from qviz.numeric.detail import LayerDetail, layer_detail
+from qviz.numeric.diagnose import Cause, Diagnosis, Finding, Prescription, diagnose
 from qviz.numeric.lowered import LoweringComparison, compare_lowered
 from qviz.numeric.metrics import clipped_fraction, sqnr
 from qviz.numeric.qat_monitor import QATMonitor, QATRecord
@@ -32,9 +34,13 @@ from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 __all__ = [
     "BisectionResult",
     "CalibrationChoice",
+    "Cause",
+    "Diagnosis",
+    "Finding",
     "LayerDetail",
     "LoweringComparison",
     "NumericReport",
+    "Prescription",
     "QATMonitor",
     "QATRecord",
     "bisect_lowering",
@@ -44,6 +50,7 @@ __all__ = [
     "compare_calibrators",
     "compare_configs",
     "compare_lowered",
+    "diagnose",
     "fallback",
     "layer_detail",
     "layer_tensors",

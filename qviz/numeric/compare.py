@@ -59,6 +59,7 @@ from qviz.engine import distributed
 from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
 from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
@@ -67,6 +68,7 @@ from qviz.errors import ConfigError
 from qviz.numeric.batches import batch_size, check_metric, metric_value
 from qviz.numeric.compare_modules import compare_modules
 from qviz.numeric.report import NumericReport
+from qviz.numeric.slices import SliceStats
 from qviz.numeric.streaming import GridStats, PairStats
 from qviz.numeric.totals import OutputTotals, single
 
@@ -89,6 +91,7 @@ class _Row:
     local: PairStats | None = field(default_factory=PairStats)
     grid: GridStats | None = None
     weight_sqnr: float = math.nan
+    slices: SliceStats = field(default_factory=SliceStats)  # of the local comparison
 
 
 class _FloatRun(Interpreter):
@@ -174,6 +177,8 @@ class _QuantRun(Interpreter):
             row.local = None
             return
         row.local.update(ref, out)
+        if isinstance(out, torch.Tensor):
+            row.slices.update(ref, out)
 
 
 def _chain_to(probe: Node, start: Node) -> list[Node]:
@@ -308,6 +313,7 @@ def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
             continue
         probe, q = output_probe(n, quantize_ops, dequantize_ops)
         row = _Row(n, float_handle(n), probe, q)
+        row.slices.channels_first = "conv" in op_name(n)
         _check_match(row, float_nodes)
         if q is not None and q.target == quantized_decomposed().quantize_per_tensor.default:
             scale, zp, qmin, qmax = q.args[1:5]
@@ -443,7 +449,7 @@ def _chain_first(first: Any, rest: Iterable[Any]) -> Iterable[Any]:
 class _Measured:
     """What one process measured: the rows' statistics and the model-level totals (picklable)."""
 
-    stats: list[tuple[PairStats, PairStats | None, GridStats | None]]
+    stats: list[tuple[PairStats, PairStats | None, GridStats | None, SliceStats]]
     totals: OutputTotals
     nodes: tuple[str, ...]  # the rows' node names: ranks must measure the same operators
 
@@ -504,5 +510,5 @@ def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
             out = single(float_out), single(quant_out)
             value = metric_value(metric, *out, bound.target, f"compare: batch {index}")
             totals.add(float_out, quant_out, batch_size(bound.args), value)
-    stats = [(r.cumulative, r.local, r.grid) for r in rows]
+    stats = [(r.cumulative, r.local, r.grid, r.slices) for r in rows]
     return _Measured(stats, totals, tuple(r.node.name for r in rows))

@@ -24,6 +24,16 @@ clipped                 share of float output values beyond the last level's rou
 rmse_scale              RMS error of fake-quantizing the float output, in steps: ~0.29 is pure
                         rounding noise; much larger means clipping or outliers
 handle                  the debug handle matched on
+clip_error_share        share of that fake-quantization error carried by the clipped values
+                        (the rest is rounding): near 1 means the range, not the step, is wrong
+local_worst_token_sqnr  dB: the local comparison's lowest SQNR of one token (dim 1 of a 3-D
+worst_token             ``[batch, tokens, features]`` tensor) and that token's index (-1: none)
+local_worst_channel_    dB: the same for one channel (dim 1 of a conv output or a 2-D / 4-D
+sqnr, worst_channel     tensor, the features of a 3-D one) and its index
+                        (:mod:`qviz.numeric.slices`): a broken slice that the tensor-wide SQNR
+                        hides (a CLS token, one outlier channel) shows here
+local_bias_share        share of the local error energy that is a constant offset per channel
+                        (each channel's mean error): what bias correction removes
 ======================  ======================================================================
 
 Every column says which comparison it comes from: ``local_*`` the operator alone,
@@ -67,6 +77,12 @@ COLUMNS = (
     "clipped",
     "rmse_scale",
     "handle",
+    "clip_error_share",
+    "local_worst_token_sqnr",
+    "worst_token",
+    "local_worst_channel_sqnr",
+    "worst_channel",
+    "local_bias_share",
 )
 
 
@@ -101,6 +117,23 @@ def _row_dict(r: Any) -> dict[str, Any]:
         "clipped": grid.clipped if grid is not None else nan,
         "rmse_scale": grid.rmse_scale if grid is not None else nan,
         "handle": r.ref,
+        "clip_error_share": grid.clip_error_share if grid is not None else nan,
+        **_slice_columns(r.slices if local is not None else None),
+    }
+
+
+def _slice_columns(s: Any) -> dict[str, Any]:
+    """The slice-aware columns of a row (:mod:`qviz.numeric.slices`); NaN / -1 without."""
+    if s is None or not s.count:
+        return {"local_worst_token_sqnr": math.nan, "worst_token": -1,
+                "local_worst_channel_sqnr": math.nan, "worst_channel": -1,
+                "local_bias_share": math.nan}  # fmt: skip
+    return {
+        "local_worst_token_sqnr": s.worst_token_sqnr(),
+        "worst_token": s.worst_token(),
+        "local_worst_channel_sqnr": s.worst_channel_sqnr(),
+        "worst_channel": s.worst_channel(),
+        "local_bias_share": s.bias_share(),
     }
 
 

@@ -183,6 +183,8 @@ class GridStats:
     high: float = -math.inf
     outside: int = 0
     error: ExactSum = field(default_factory=ExactSum)
+    #: The part of ``error`` carried by the clipped values (the rest is rounding).
+    clip_error: ExactSum = field(default_factory=ExactSum)
 
     @property
     def err_sq(self) -> float:
@@ -194,6 +196,7 @@ class GridStats:
         self.low, self.high = min(self.low, other.low), max(self.high, other.high)
         self.outside += other.outside
         self.error.merge(other.error)
+        self.clip_error.merge(other.clip_error)
 
     @property
     def grid_min(self) -> float:
@@ -212,19 +215,28 @@ class GridStats:
         low, high = torch.aminmax(x)
         self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
         below, above = clip_limits(self.scale, self.zero_point, self.quant_min, self.quant_max)
-        if float(low) < below or float(high) > above:
-            wide = x.double()
-            beyond = (wide < below) | (wide > above)
-            self.outside += int(beyond.sum())
         q = torch.fake_quantize_per_tensor_affine(
             x, self.scale, self.zero_point, self.quant_min, self.quant_max
         )
         err = q - x
         self.error.add(_sum_of_products(err, err))
+        if float(low) < below or float(high) > above:
+            wide = x.double()
+            beyond = (wide < below) | (wide > above)
+            self.outside += int(beyond.sum())
+            clipped = err[beyond]
+            self.clip_error.add(_sum_of_products(clipped, clipped))
 
     @property
     def clipped(self) -> float:
         return self.outside / self.count if self.count else math.nan
+
+    @property
+    def clip_error_share(self) -> float:
+        """Share of the fake-quantization error energy carried by the clipped values: near 1
+        when clipping sets the error, 0 when rounding alone does."""
+        total = self.err_sq
+        return self.clip_error.value / total if total > 0 else (0.0 if self.count else math.nan)
 
     @property
     def rmse_scale(self) -> float:
