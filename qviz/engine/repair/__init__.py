@@ -4,11 +4,13 @@ Each transform works on a copy and records what it did with
 ``qviz.engine.pt2e.record_transform`` (shown by ``prepared.plan``).
 """
 
+from qviz.engine.repair.adaround import adaround
 from qviz.engine.repair.bias_correction import bias_correction
 from qviz.engine.repair.equalization import cross_layer_equalization
 from qviz.engine.repair.smoothquant import smooth_quant, smoothing_factors
 
 __all__ = [
+    "adaround",
     "bias_correction",
     "cross_layer_equalization",
     "smooth_quant",
