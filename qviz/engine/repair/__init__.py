@@ -2,6 +2,15 @@
 
 Each transform works on a copy and records what it did with
 ``qviz.engine.pt2e.record_transform`` (shown by ``prepared.plan``).
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.repair import cross_layer_equalization
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> gm = qviz.export(model.eval(), (torch.randn(3, 4),))
+    >>> [r.kind for r in qviz.prepare_pt2e(cross_layer_equalization(gm),
+    ...     qviz.engine.quantizers.XNNPACKQuantizer()).plan.transforms]
+    ['cross_layer_equalization']
 """
 
 from qviz.engine.repair.adaround import adaround

@@ -7,6 +7,17 @@ per output channel; that shift is not noise that averages out but a bias, and it
 after layer. Measured on calibration data, it is subtracted from the layer's float bias (qviz's
 converted graphs keep conv / linear bias as a float constant), one layer at a time in graph
 order, so that each layer is measured with the layers before it already corrected.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> x = torch.randn(32, 4) + 2
+    >>> gm = qviz.export(torch.nn.Linear(4, 3, bias=False).eval(), (x,))
+    >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    >>> converted = qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(gm, q), x, progress=False))
+    >>> (record,) = bias_correction(converted, gm, x).plan.transforms
+    >>> record.nodes, record.params[2][0], record.params[2][1] < 1e-6  # a bias added, shift gone
+    (('linear',), 'max_shift_after', True)
 """
 
 from __future__ import annotations

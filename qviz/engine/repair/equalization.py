@@ -14,6 +14,15 @@ A ``conv -> depthwise -> conv`` triplet is equalized as AIMET does: in one step,
 equalizing its two pairs in turn (every channel of the three layers gets the range
 ``cbrt(r0_i * r1_i * r2_i)``); grouped convolutions are equalized per channel inside their groups.
 With ``sweeps=1`` the result is AIMET's ``equalize_model`` (one pass over the same sets).
+
+Example:
+    >>> import torch, qviz
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU6(), nn.Conv2d(4, 4, 1)).eval()
+    >>> eq = cross_layer_equalization(qviz.export(model, (torch.randn(1, 3, 4, 4),)))
+    >>> [(r.nodes, r.detail) for r in eq.meta["qviz_transforms"]]  # doctest: +NORMALIZE_WHITESPACE
+    [(('conv2d', 'conv2d_1'), 'skipped: hardtanh: relu6/hardtanh clips at a fixed value, so it
+      is not scale-equivariant')]
 """
 
 from __future__ import annotations
