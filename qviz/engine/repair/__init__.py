@@ -5,11 +5,12 @@ Each transform works on a copy and records what it did with
 
 Example:
     >>> import torch, qviz
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer
     >>> from qviz.engine.repair import cross_layer_equalization
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     >>> gm = qviz.export(model.eval(), (torch.randn(3, 4),))
-    >>> [r.kind for r in qviz.prepare_pt2e(cross_layer_equalization(gm),
-    ...     qviz.engine.quantizers.XNNPACKQuantizer()).plan.transforms]
+    >>> prepared = qviz.prepare_pt2e(cross_layer_equalization(gm), XNNPACKQuantizer())
+    >>> [r.kind for r in prepared.plan.transforms]
     ['cross_layer_equalization']
 """
 
