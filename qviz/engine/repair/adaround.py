@@ -59,8 +59,6 @@ from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.engine.repair.adaround_optim import AdaRoundSettings, learn_rounding, reconstruction_loss
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["adaround"]
-
 _RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
 
 

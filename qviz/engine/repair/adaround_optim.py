@@ -30,8 +30,6 @@ import torch
 
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["AdaRoundSettings", "annealed_beta", "initial_v", "learn_rounding", "rectified_sigmoid"]
-
 ZETA, GAMMA = 1.1, -0.1
 
 

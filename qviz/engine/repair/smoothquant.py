@@ -50,8 +50,6 @@ from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.errors import CalibrationError, ConfigError
 
-__all__ = ["smooth_quant", "smoothing_factors"]
-
 aten = torch.ops.aten
 _LINEAR = aten.linear.default
 _NORMS = {aten.layer_norm.default}
