@@ -130,6 +130,7 @@ def report(
 def _sections(model: Any, plan: Any, stage: str, ns: Any, frame: Any) -> list[str]:
     sections = [
         _summary_section(model, plan, stage),
+        _transforms_section(plan),
         _graph_section(model, ns if _has_local_sqnr(frame) else None),
         _ranges_section(model, stage),
         _histogram_section(model, plan, stage),
@@ -436,6 +437,20 @@ def _groups_section(plan: Any) -> str:
     if converted:
         headers.append("qparams")
     return _section(f"Plan: {len(records)} observer groups", _table(headers, rows))
+
+
+def _transforms_section(plan: Any) -> str:
+    """The repair transforms applied to the model, in order (``plan.transforms``)."""
+    records = getattr(plan, "transforms", ())
+    if not records:
+        return ""
+    rows = [
+        (r.kind, ", ".join(r.nodes), r.detail, ", ".join(f"{k}={v:.4g}" if isinstance(v, float)
+         else f"{k}={v}" for k, v in r.params))
+        for r in records
+    ]  # fmt: skip
+    body = _table(("transform", "nodes", "what and why", "numbers"), rows)
+    return _section(f"Repair transforms: {len(records)}", body)
 
 
 def _page(heading: str, stage: str, sections: list[str]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from html import escape as html_escape
 
 import pandas as pd
 import pytest
@@ -173,3 +174,25 @@ def test_a_numeric_report_of_another_model_is_refused(tmp_path):
     assert not (tmp_path / "r.html").exists()
     report(copy.deepcopy(large.quantized), tmp_path / "r.html", ns=copy.deepcopy(large.report))
     assert "linear" in (tmp_path / "r.html").read_text()
+
+
+def test_the_repair_transforms_applied_are_listed(tmp_path):
+    """A model equalized before it was prepared: the report lists the transform per pair, with
+    the nodes it changed, what and why, and its numbers, as the plan records them."""
+    from qviz.engine.repair import cross_layer_equalization
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU6(),
+        torch.nn.Linear(8, 2),
+    ).eval()  # fmt: skip
+    gm = cross_layer_equalization(qviz.export(model, (torch.randn(3, 4),)))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )
+    records = prepared.plan.transforms
+    assert records and "cross_layer_equalization" in str(prepared.plan)
+    page = report_module.report(prepared, tmp_path / "r.html").read_text()
+    section = page[page.index(f"Repair transforms: {len(records)}") :]
+    for record in records:
+        assert ", ".join(record.nodes) in section
+        assert html_escape(record.detail) in section

@@ -1,4 +1,5 @@
-"""Repair transforms for a quantized model's numerics (issue 27 §2).
+"""Repair transforms for a quantized model's numerics: equalization, bias correction,
+SmoothQuant, learned rounding.
 
 Each transform works on a copy and records what it did with
 ``qviz.engine.pt2e.record_transform`` (shown by ``prepared.plan``).
