@@ -28,6 +28,7 @@ from qviz.numeric.diagnose import Cause, Diagnosis, Finding, Prescription, diagn
 from qviz.numeric.lowered import LoweringComparison, compare_lowered
 from qviz.numeric.metrics import clipped_fraction, sqnr
 from qviz.numeric.qat_monitor import QATMonitor, QATRecord
+from qviz.numeric.repair_session import RepairSession, RepairStep
 from qviz.numeric.report import NumericReport
 from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
 
@@ -43,6 +44,8 @@ __all__ = [
     "Prescription",
     "QATMonitor",
     "QATRecord",
+    "RepairSession",
+    "RepairStep",
     "bisect_lowering",
     "calibration_choices",
     "clipped_fraction",
