@@ -135,9 +135,8 @@ def test_applying_a_finding(planted, session):
     _, report = _manual(gm, OverrideQuantizer(_quantizer(), edits), calibration, data)
     assert step.output_sqnr_after == report.output_sqnr
     _same(step.df["local_sqnr_after"], report.df["local_sqnr"])
-    assert session.prepared_model.plan.group_of("_0_weight -> linear").spec.qscheme.startswith(
-        "per_channel"
-    )
+    (edge,) = edits
+    assert session.prepared_model.plan.group_of(edge).spec.qscheme.startswith("per_channel")
     session.undo()
     cle = findings["cross_layer_equalization"]
     step = session.apply(cle)
@@ -148,7 +147,8 @@ def test_applying_a_finding(planted, session):
 def test_per_channel_equals_its_override(planted, session):
     gm, calibration, data = planted
     step = session.apply("per_channel", nodes=["linear"])
-    edits = {"_0_weight -> linear": {"qscheme": "per_channel_symmetric", "ch_axis": 0}}
+    linear = next(n for n in gm.graph.nodes if n.name == "linear")
+    edits = {f"{linear.args[1].name} -> linear": {"qscheme": "per_channel_symmetric", "ch_axis": 0}}
     _, report = _manual(gm, OverrideQuantizer(_quantizer(), edits), calibration, data)
     assert step.output_sqnr_after == report.output_sqnr
     assert step.transforms == ()
