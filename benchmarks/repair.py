@@ -3,7 +3,10 @@
 Run from the repository root, one part at a time (digits about 5 minutes, torchvision and
 encoder a few)::
 
-    .venv/bin/python benchmarks/repair.py [digits] [torchvision] [encoder]
+    .venv/bin/python benchmarks/repair.py [digits] [torchvision] [encoder] [--settings=3c,4t]
+
+``--settings=`` picks the digits weight settings (``3c``: 3 bits per channel, ``4t``: 4 bits
+per tensor; all six by default).
 
 * ``digits``: the embedded digits model, weights 4 / 3 / 2 bits per channel and per tensor,
   activations 8 bits: test accuracy and output SQNR (against the float model, on the test split)
@@ -428,8 +431,9 @@ def main(argv: list[str]) -> None:
     print(f"CPU: {_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     if "digits" in parts:
         settings = [(b, pc) for b in (4, 3, 2) for pc in (True, False)]
-        if "--quick" in argv:
-            settings = [(3, True)]
+        chosen = [a.split("=", 1)[1] for a in argv if a.startswith("--settings=")]
+        if chosen:  # e.g. --settings=3c,4t: 3-bit per-channel, 4-bit per-tensor weights
+            settings = [(int(x[:-1]), x[-1] == "c") for x in chosen[0].split(",")]
         run_digits(settings)
     if "torchvision" in parts:
         run_torchvision()
