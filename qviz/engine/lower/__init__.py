@@ -99,6 +99,7 @@ def lower(
     *,
     path: str | Path | None = None,
     artifact: str | Path | bytes | None = None,
+    max_batch: int = 64,
 ) -> LoweredModel:
     """Lower ``converted`` onto ``backend``'s kernels; the lowered model and its records.
 
@@ -116,6 +117,8 @@ def lower(
             file a device team shipped) as it is, instead of exporting ``converted``; the
             records and :func:`qviz.numeric.compare_lowered` then measure it against
             ``converted``.
+        max_batch: ``"xnnpack"`` with a dynamic batch: the largest batch it takes (ExecuTorch
+            plans its memory for that batch); a larger one is refused when called.
 
     Returns:
         A :class:`LoweredModel`: call it like ``converted``; ``.kernels``, ``.size_bytes``,
@@ -139,10 +142,12 @@ def lower(
     """
     example_inputs = _check(converted, example_inputs, backend)
     given = _given(artifact, backend)
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 2:
+        raise ConfigError(f"lower(max_batch={max_batch!r}): give an int >= 2")
     first = batch_and_dtype(converted)
     dynamic = first is not None and first[0] is None
     start = time.perf_counter()
-    extra = (given,) if given is not None else ()
+    extra = (given,) if given is not None else ((max_batch,) if backend == "xnnpack" else ())
     made = _backend(backend)(
         converted, example_inputs, dynamic, Path(path) if path is not None else None, *extra
     )
@@ -167,4 +172,5 @@ def _lowered_model(
     )
     if size:  # Inductor: the wrapper code plus the frozen constants (packed weights) it runs
         lowered.size_bytes = size[0]
+    lowered.max_batch = getattr(run, "max_batch", None)
     return lowered

@@ -70,6 +70,8 @@ class LoweredModel(nn.Module):
         lowering_seconds: how long lowering took.
         fingerprint: the converted model's fingerprint (what this lowered model measures).
         dynamic_batch: whether it takes any batch size (else only the example's).
+        max_batch: the largest batch it takes (``"xnnpack"`` with a dynamic batch: ExecuTorch
+            plans memory for it); None when unbounded or fixed.
         program: the ``torch.export`` program the backend lowered (``"xnnpack"``; None for a
             backend that lowers another artifact): a prefix of it can be lowered again.
     """
@@ -98,6 +100,7 @@ class LoweredModel(nn.Module):
         self.lowering_seconds = float(lowering_seconds)
         self.dynamic_batch = dynamic_batch
         self._example = tuple(example_inputs)
+        self.max_batch: int | None = None  # the largest batch a bounded dynamic program takes
         self.program = getattr(run, "program", None)
 
     @property
@@ -110,6 +113,14 @@ class LoweredModel(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the lowered program; one output comes back as a tensor, several as a tuple."""
         tensors = [x.detach().cpu().contiguous() for x in inputs]
+        most = getattr(self, "max_batch", None)
+        batch = next((x.shape[0] for x in tensors if isinstance(x, torch.Tensor) and x.dim()), 0)
+        if most is not None and batch > most:
+            raise ConfigError(
+                f"this {self.backend} program takes batches up to {most} (the memory its "
+                f"runtime planned), got {batch}: split the batch, or lower with "
+                f"qviz.lower(..., max_batch={batch})"
+            )
         outputs = self._run(tensors)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

@@ -35,7 +35,7 @@ from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.lower.lowered import KernelRecord
-from qviz.errors import MissingDependencyError
+from qviz.errors import ConfigError, MissingDependencyError
 
 _PORTABLE = "ExecuTorch portable kernels"
 _BOUNDARY = ("quantize_per", "dequantize_per", "choose_qparams")
@@ -245,15 +245,38 @@ def lower_exported(program: Any, path: Path | None = None) -> tuple[Any, list[Ke
         return [o.clone() for o in method.execute(inputs)]
 
     run.program = program  # type: ignore[attr-defined]
+    meta = method.metadata
+    run.input_sizes = (  # type: ignore[attr-defined]
+        tuple(meta.input_tensor_meta(0).sizes()) if meta.num_inputs() else ()
+    )
     return run, records, bytes(buffer)
 
 
 def lower_xnnpack(
-    converted: Any, example_inputs: tuple[Any, ...], dynamic_batch: bool, path: Path | None
+    converted: Any,
+    example_inputs: tuple[Any, ...],
+    dynamic_batch: bool,
+    path: Path | None,
+    max_batch: int = 64,
 ) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
-    """Export, partition, serialise and load; the run function, records, program and path."""
+    """Export, partition, serialise and load; the run function, records, program and path.
+    A dynamic batch goes up to ``max_batch``: ExecuTorch plans the memory of the operators
+    outside a delegate for the largest batch, so an unbounded one cannot be allocated; the
+    program's own bound (its input's planned size, sometimes below ``max_batch``) is kept."""
     _import("executorch.exir")
-    shapes = dynamic_batch_shapes(example_inputs) if dynamic_batch else None
+    # one above max_batch: ExecuTorch 1.5 refuses the bound itself (a program exported for
+    # batches up to N takes N - 1)
+    shapes = dynamic_batch_shapes(example_inputs, max_batch + 1) if dynamic_batch else None
     program = torch.export.export(converted, example_inputs, dynamic_shapes=shapes)
-    run, records, buffer = lower_exported(program, path)
+    try:
+        run, records, buffer = lower_exported(program, path)
+    except MemoryError as exc:
+        raise ConfigError(
+            f"qviz.lower(backend='xnnpack'): ExecuTorch could not allocate the memory it planned "
+            f"for batches up to {max_batch if dynamic_batch else 'the example'} ({exc}); lower "
+            f"with a smaller max_batch=, or export with a fixed batch"
+        ) from exc
+    # the batch ExecuTorch planned for (its input's size bound), which may be below max_batch
+    planned = run.input_sizes[0] if run.input_sizes else max_batch  # type: ignore[attr-defined]
+    run.max_batch = min(planned, max_batch) if dynamic_batch else None  # type: ignore[attr-defined]
     return run, records, buffer, (Path(path) if path is not None else None)

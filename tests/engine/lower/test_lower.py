@@ -221,3 +221,25 @@ def test_a_shipped_onnx_is_run_as_it_is_and_measured_against_the_reference(digit
         qviz.lower(converted, (x,), backend="xnnpack", artifact=tmp_path / "shipped.onnx")
     with pytest.raises(ConfigError, match="no such file"):
         qviz.lower(converted, (x,), backend="onnxruntime", artifact=tmp_path / "none.onnx")
+
+
+def test_a_dynamic_xnnpack_program_is_bounded_by_max_batch():
+    """ExecuTorch plans the memory of operators outside a delegate for the largest batch: the
+    program takes batches up to the bound its runtime planned (read back from the loaded
+    program, at most max_batch) and refuses a larger one by name, instead of an unbounded plan
+    that cannot be allocated (std::bad_alloc on a transformer encoder)."""
+    from executorch.runtime import Runtime
+
+    x = torch.randn(4, 3, 8, 8)
+    converted = _convert(_Refused(), [x], dynamic=True)
+    lowered = qviz.lower(converted, (x,), backend="xnnpack", max_batch=12)
+    method = Runtime.get().load_program(lowered.artifact).load_method("forward")
+    planned = method.metadata.input_tensor_meta(0).sizes()[0]
+    assert lowered.max_batch == min(planned, 12) >= 4
+    most = torch.randn(lowered.max_batch, 3, 8, 8)
+    assert lowered(most).shape == converted(most).shape  # the bound itself runs
+    with pytest.raises(ConfigError, match=rf"batches up to {lowered.max_batch} .*got "):
+        lowered(torch.randn(lowered.max_batch + 1, 3, 8, 8))
+    with pytest.raises(ConfigError, match="max_batch"):
+        qviz.lower(converted, (x,), backend="xnnpack", max_batch=1)
+    assert qviz.lower(converted, (x,), backend="onnxruntime").max_batch is None
