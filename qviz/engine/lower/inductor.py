@@ -286,12 +286,17 @@ def compile_error(exc: BaseException) -> ConfigError:
         >>> compile_error(RuntimeError("quantized::conv2d_relu: Input tensor should have uint8 "
         ...     "(unsigned char) or fp8 data type")).args[0][:60]
         "qviz.lower(backend='inductor'): Inductor failed at quantized"
+        >>> wrapped = RuntimeError("backend='inductor' raised:" + chr(10) + "TypeError: bad")
+        >>> compile_error(wrapped).args[0][:81]
+        "qviz.lower(backend='inductor'): Inductor failed at an operator (TypeError: bad); "
     """
     text = f"{exc}\n{exc.__cause__ or ''}"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^\w+(Error|Exception)\b", line)]
     first = next(
-        (line for line in lines if "::" in line), lines[0] if lines else type(exc).__name__
-    )
+        (line for line in lines if "::" in line),
+        raised[0] if raised else (lines[0] if lines else type(exc).__name__),
+    )  # the cause's own line, not the "backend='inductor' raised:" wrapper
     op = re.search(r"\b(?:aten|quantized|onednn|mkldnn|quantized_decomposed)::\w+", text)
     name = op.group(0) if op else "an operator"
     if ("uint8" in text and "data type" in text) or "quantized_max_pool2d" in text:
