@@ -228,3 +228,20 @@ def test_bad_inputs_are_named(mlp):
         qviz.lower(converted, (batches[0][:, :4],), backend="inductor")
     with pytest.raises(ConfigError, match="got _MLP"):
         qviz.lower(_MLP(), (batches[0],), backend="inductor")
+
+
+def test_a_transformer_encoder_with_a_dynamic_batch_lowers(x86_quantizer):
+    """Inductor's dynamic-shape lowering fails on the x86 passes' 3-d linear patterns (a
+    torch.Size built from a symbolic size); the lowering then compiles one static program per
+    batch size, and each batch matches the reference to a step of its output's range."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    batches = [torch.randn(4, 8, 32) for _ in range(2)]
+    converted = _convert(model, batches, x86_quantizer(), dynamic=True)
+    lowered = qviz.lower(converted, (batches[0],), backend="inductor")
+    assert lowered.kernel_counts()["integer"] > 0
+    for x in (batches[1], torch.randn(3, 8, 32)):
+        reference = converted(x)
+        step = float(reference.abs().max()) / 127
+        assert float((lowered(x) - reference).abs().max()) <= 2 * step
