@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import GraphModule, Node
 
+from qviz.engine.graph.debug_handles import COMPARE_AS
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import (
@@ -365,6 +366,8 @@ def cross_layer_equalization(
             beta = torch.zeros(channels, dtype=torch.float64) if beta is None else beta
             bn_stats[conv.name] = (gamma, beta)
     fold_batch_norm(out)
+    for node in out.graph.nodes:  # the folded conv is this graph's own operator now: a model
+        node.meta.pop(COMPARE_AS, None)  # prepared from it is compared with it, not the gone BN
     bn_stats = {
         name: stats
         for name, stats in bn_stats.items()

@@ -304,3 +304,21 @@ def _by_module(gm):
                 get_attr_value(gm, n.args[2]).detach(),
             )
     return out
+
+
+def test_a_model_prepared_from_an_equalized_graph_compares_with_it():
+    """With a BatchNorm folded by the equalization, the numeric suite matches every quantized
+    operator with the equalized graph's own (the folded conv is that graph's operator now)."""
+    from qviz.numeric import compare
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)
+    ).eval()  # fmt: skip
+    x = torch.randn(8, 3, 10, 10)
+    equalized = cross_layer_equalization(qviz.export(model, (x,)))
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = qviz.prepare_pt2e(equalized, quantizer)
+    qviz.calibrate(prepared, x, progress=False)
+    report = compare(equalized, qviz.convert_pt2e(prepared), x, progress=False)
+    assert {"conv2d", "conv2d_1"} <= set(report.df["node"]) and report.output_sqnr > 20
