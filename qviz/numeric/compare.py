@@ -351,39 +351,23 @@ def compare(
 
     Args:
         float_model: the graph module you quantized (from :func:`qviz.export`), or the float
-            ``nn.Module`` (exported here on the first batch; its graph must be the one you
-            quantized). For a quant_nn ``quantized_model``: the float ``nn.Module`` it was
-            copied from.
+            ``nn.Module`` (exported on the first batch; for a quant_nn model, the one it copied).
         quantized_model: the model from :func:`qviz.convert_pt2e`, or a calibrated quant_nn
-            model (``quantize_model(float_model)``): then each quantized layer is compared
-            with the float layer of the same name (:func:`~qviz.numeric.compare_modules.
-            compare_modules`; ``node`` is the layer's module path).
-        data: batches as for :func:`qviz.calibrate` (the one rule of
-            :mod:`qviz.engine.graph.inputs`): tensors, ``(inputs..., target)`` tuples, dicts of
-            inputs by name, a DataLoader, or one batch; items after the model's inputs (for a
-            quant_nn model: after ``forward``'s required parameters) and a dict's ``labels``
-            are the target passed to ``metric``.
-        metric: optional ``metric(float_out, quant_out, target) -> float`` per batch (e.g.
-            accuracy of ``quant_out``); the report holds its mean weighted by batch size.
+            model (each quantized layer against the float layer of the same name).
+        data: batches as for :func:`qviz.calibrate` (tensors, ``(inputs..., target)`` tuples,
+            dicts, a DataLoader, or one batch); the items after the inputs are the target.
+        metric: optional ``metric(float_out, quant_out, target) -> float``, batch-weighted.
         progress: show a progress bar over the batches (rank 0's only when distributed).
-        group: a ``torch.distributed`` process group; when given, or when the default group
-            is initialised, ``data`` is this rank's shard (an empty one is fine when
-            ``float_model`` is the exported graph), each rank measures its shard and the
-            statistics are reduced once: the report on every rank equals one process's over
-            all the shards (sums are exact, so bit for bit). Every rank must call it;
-            ``group=False``: this process alone.
+        group: a process group (or the default one): ``data`` is this rank's shard, and every
+            rank's report is one process's over all shards, bit for bit. False: this one alone.
 
     Returns:
-        A :class:`~qviz.numeric.report.NumericReport`: one row per quantized operator, in
-        graph order, with cumulative and local SQNR (dB), MSE, cosine, max abs error, weight
-        SQNR, the float output's range against its grid, clipped share and rounding error
-        (``rmse_scale``, in steps), plus the model outputs' SQNR and the metric.
+        A :class:`~qviz.numeric.report.NumericReport`: a row per quantized operator in graph
+        order (SQNR, MSE, cosine, errors, clipping, slices), the outputs' SQNR and the metric.
 
     Raises:
-        ConfigError: a model at the wrong stage (``float_model`` must be float,
-            ``quantized_model`` converted or quant_nn: checked before either runs, so a
-            prepared model's observers never see the data), a model without a plan or debug
-            handles, models that do not match, or a batch that does not bind (named).
+        ConfigError: a model at the wrong stage (checked first), without a plan or handles,
+            models that do not match, or a batch that does not bind (named).
 
     Example:
         >>> import torch, qviz

@@ -8,6 +8,24 @@ after layer. Measured on calibration data, it is subtracted from the layer's flo
 converted graphs keep conv / linear bias as a float constant), one layer at a time in graph
 order, so that each layer is measured with the layers before it already corrected.
 
+How :func:`bias_correction` measures: for each conv / linear whose weight is quantized, in
+graph order, the mean of its output (before its activation and output quantization) per output
+channel on the data, against the mean of the same output of the float model; the difference is
+subtracted from the layer's float bias (a layer without bias gets one). The next layer is
+measured with the corrected model, so it sees the corrected layers before it. ``reference``:
+
+* ``"float"`` (the default; AIMET's empirical bias correction): the quantized layer runs on the
+  converted model's own activations, the float layer on the float model's own. The correction
+  removes the shift of the weight's quantization error *and* any shift the layer inherits from
+  the quantized layers and activations before it: afterwards the layer's output mean on the
+  data is the float model's.
+* ``"quantized"``: both run on the converted model's activations (the layer's input there): the
+  correction is exactly the paper's ``E[(W~ - W) x]``, the weight error alone.
+
+Each layer gets a ``TransformRecord`` (kind ``"bias_correction"``) with the largest and mean
+per-channel shift of its output mean from the float model's before and after its correction
+(with ``"float"`` the shift after is zero up to rounding).
+
 Example:
     >>> import torch, qviz
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -23,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -129,34 +148,15 @@ def bias_correction(
     max_batches: int | None = None,
 ) -> GraphModule:
     """Subtract the mean output shift that quantization gives each quantized conv / linear from
-    its float bias; a corrected copy of ``converted``.
-
-    For each conv / linear of ``converted`` whose weight is quantized, in graph order, the mean
-    of its output (before its activation and output quantization) per output channel is
-    measured on ``data`` and compared with the mean of the same output of the float model; the
-    difference is subtracted from the layer's float bias (a layer without bias gets one). The
-    next layer is measured with the corrected model, so it sees the corrected layers before it.
-
-    Which inputs the comparison uses (``reference``):
-
-    * ``"float"`` (the default; AIMET's empirical bias correction): the quantized layer runs on
-      the converted model's own activations, the float layer on the float model's own. The
-      correction removes the shift of the weight's quantization error *and* any shift the layer
-      inherits from the quantized layers and activations before it: afterwards the layer's output
-      mean on ``data`` is the float model's.
-    * ``"quantized"``: both run on the converted model's activations (the layer's input there):
-      the correction is exactly the paper's ``E[(W~ - W) x]``, the weight error alone.
-
-    Each layer gets a ``TransformRecord`` (kind ``"bias_correction"``) with the largest and mean
-    per-channel shift of its output mean from the float model's before and after its correction
-    (measured on ``data``; with ``"float"`` the shift after is zero up to rounding).
+    its float bias, layer by layer in graph order; a corrected copy of ``converted``. Which
+    inputs the comparison uses (``reference``) and what each layer's record holds: the module
+    docstring.
 
     Args:
         converted: the model ``qviz.convert_pt2e`` returned (not changed).
         float_gm: the float graph it was prepared from (what ``qviz.export`` returned).
-        data: calibration data, as ``qviz.calibrate`` takes it (a DataLoader, a list of batches
-            or one batch). The converted model runs it once per corrected layer, the float model
-            once; the batches are kept in memory.
+        data: calibration data, as ``qviz.calibrate`` takes it, kept in memory (the converted
+            model runs it once per corrected layer).
         reference: ``"float"`` or ``"quantized"``, above.
         max_batches: use only the first batches of ``data``.
 
@@ -187,15 +187,34 @@ def bias_correction(
             f"bias_correction: reference must be one of {_REFERENCES}, got {reference!r}"
         )
     out = copy.deepcopy(converted)
+    batches = _bound(out, data, max_batches)
+    pairs = _pairs(out, float_gm)
+    float_means = _float_means(float_gm, pairs, batches) if reference == "float" else _Means()
+    float_params = [_float_params(float_gm, ref) for _, ref in pairs]
+    measure = functools.partial(
+        _measure, out, pairs, batches=batches, reference=reference, float_means=float_means,
+        float_params=float_params,
+    )  # fmt: skip
+    shifts, afters = _correct(out, pairs, measure)
+    _record(out, pairs, shifts, afters, reference)
+    out.recompile()
+    return out
+
+
+def _bound(out: GraphModule, data: Any, max_batches: int | None) -> list[tuple]:
+    """The positional inputs of each batch (at most ``max_batches``), through the one batch path."""
     batches = []
     for i, batch in enumerate(batches_of(data, "bias_correction")):
         if max_batches is not None and i >= max_batches:
             break
-        bound = bind_batch(out, batch, f"bias_correction: batch {i}")
-        batches.append(tuple(bound.args))
+        batches.append(tuple(bind_batch(out, batch, f"bias_correction: batch {i}").args))
     if not batches:
         raise ConfigError("bias_correction: data has no batch")
+    return batches
 
+
+def _pairs(out: GraphModule, float_gm: GraphModule) -> list[tuple[Node, Node]]:
+    """Each quantized conv / linear of ``out`` with its float counterpart in ``float_gm``."""
     layers = [n for n in out.graph.nodes if _is_layer(n) and _quantized_weight(n)]
     by_handle = {handle(n): n for n in float_gm.graph.nodes if handle(n) is not None}
     by_name = {n.name: n for n in float_gm.graph.nodes}
@@ -208,37 +227,47 @@ def bias_correction(
                 "float_gm; pass the float graph the converted model was prepared from"
             )
         pairs.append((layer, ref))
+    return pairs
 
+
+def _float_means(float_gm: GraphModule, pairs: list, batches: list) -> Any:
+    """The float model's own output mean of each layer's counterpart."""
     float_means = _Means()
-    if reference == "float" and pairs:
-        for values in _run(_probe(float_gm, [r for _, r in pairs]), batches):
-            for k, ((layer, _), v) in enumerate(zip(pairs, values, strict=True)):
-                float_means.add(k, v, layer.target in LINEAR_OPS)
+    for values in _run(_probe(float_gm, [r for _, r in pairs]), batches) if pairs else ():
+        for k, ((layer, _), v) in enumerate(zip(pairs, values, strict=True)):
+            float_means.add(k, v, layer.target in LINEAR_OPS)
+    return float_means
 
-    float_params = [_float_params(float_gm, ref) for _, ref in pairs]
 
-    def measure(ks: list[int]) -> list[torch.Tensor]:
-        """For each layer k of ``ks``: its output mean in ``out`` now, less the float mean it is
-        compared with (the float model's, or the float layer's on the same input)."""
-        wanted = []
+def _measure(
+    out: GraphModule, pairs: list, ks: list[int], *, batches: list, reference: str,
+    float_means: Any, float_params: list,
+) -> list[torch.Tensor]:  # fmt: skip
+    """For each layer k of ``ks``: its output mean in ``out`` now, less the float mean it is
+    compared with (the float model's, or the float layer's on the same input)."""
+    wanted = []
+    for k in ks:
+        layer = pairs[k][0]
+        wanted += [layer] if reference == "float" else [layer, layer.args[0]]
+    means, float_ref = _Means(), _Means()
+    for values in _run(_probe(out, wanted), batches):
+        values = list(values)
         for k in ks:
             layer = pairs[k][0]
-            wanted += [layer] if reference == "float" else [layer, layer.args[0]]
-        means, float_ref = _Means(), _Means()
-        for values in _run(_probe(out, wanted), batches):
-            values = list(values)
-            for k in ks:
-                layer = pairs[k][0]
-                linear = layer.target in LINEAR_OPS
-                means.add(k, values.pop(0), linear)
-                if reference == "quantized":
-                    w, b = float_params[k]
-                    x = values.pop(0)
-                    y = layer.target(x, w.to(x.dtype), _cast(b, x), *layer.args[3:], **layer.kwargs)
-                    float_ref.add(k, y, linear)
-        ref_means = float_means if reference == "float" else float_ref
-        return [means.mean(k) - ref_means.mean(k) for k in ks]
+            linear = layer.target in LINEAR_OPS
+            means.add(k, values.pop(0), linear)
+            if reference == "quantized":
+                w, b = float_params[k]
+                x = values.pop(0)
+                y = layer.target(x, w.to(x.dtype), _cast(b, x), *layer.args[3:], **layer.kwargs)
+                float_ref.add(k, y, linear)
+    ref_means = float_means if reference == "float" else float_ref
+    return [means.mean(k) - ref_means.mean(k) for k in ks]
 
+
+def _correct(out: GraphModule, pairs: list, measure: Any) -> tuple[list, list]:
+    """Subtract each layer's measured shift from its bias, in graph order (each measured after
+    the ones before it are corrected); the shifts before, and each layer's after."""
     shifts: list[torch.Tensor] = []
     afters: list[torch.Tensor] = []
     for k, (layer, _) in enumerate(pairs):
@@ -256,7 +285,10 @@ def bias_correction(
         _set_bias(out, layer, (base - shift).to(dtype))
     if pairs:
         afters += measure([len(pairs) - 1])
+    return shifts, afters
 
+
+def _record(out: GraphModule, pairs: list, shifts: list, afters: list, reference: str) -> None:
     for (layer, _), shift, after in zip(pairs, shifts, afters, strict=True):
         record_transform(
             out,
@@ -272,8 +304,6 @@ def bias_correction(
                 ),
             ),
         )
-    out.recompile()
-    return out
 
 
 def _cast(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

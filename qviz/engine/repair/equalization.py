@@ -324,13 +324,9 @@ def cross_layer_equalization(
             AIMET's ``equalize_model`` (one pass).
         tol: convergence: the largest ``|log s|`` a sweep may still apply.
         max_sweeps: the most sweeps when ``sweeps`` is None.
-        high_bias_absorption: after scaling, move the part of a first layer's bias that its
-            BatchNorm statistics say is always above zero (``max(0, beta - num_std * |gamma|)``,
-            all of ``beta`` when there is no activation) into the next layer's bias (section
-            4.2.1 of the paper; AIMET's ``equalize_model`` does it too). This changes the
-            float function slightly (at zero-padded borders, and for the values below
-            ``beta - num_std * gamma``); only pairs whose first layer had a BatchNorm and
-            both layers a bias take part.
+        high_bias_absorption: move the part of a first layer's bias its BatchNorm statistics
+            say is always positive (``max(0, beta - num_std * |gamma|)``) into the next layer's
+            bias (paper section 4.2.1, as AIMET does; the float function changes slightly).
         num_std: standard deviations kept below the absorbed bias.
 
     Returns:
@@ -352,6 +348,19 @@ def cross_layer_equalization(
     if sweeps is not None and sweeps < 1:
         raise ValueError(f"sweeps must be at least 1 (or None, until converged); got {sweeps}")
     out = copy.deepcopy(gm)
+    bn_stats = _fold_keeping_statistics(out)
+    found, skipped = _find_pairs(out)
+    layers, pairs = _layers_and_pairs(out, found)
+    cls_sets = _sets(pairs)
+    done = _sweep(cls_sets, sweeps, tol, max_sweeps)
+    absorbed = _absorb_high_bias(pairs, bn_stats, num_std) if high_bias_absorption else {}
+    _write_back(out, layers)
+    _record_pairs(out, pairs, cls_sets, absorbed, done, skipped)
+    return out
+
+
+def _fold_keeping_statistics(out: GraphModule) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Fold ``out``'s BatchNorms (in place); each folded conv's BatchNorm (gamma, beta)."""
     bn_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for bn in [n for n in out.graph.nodes if n.op == "call_function" and n.target in BN_OPS]:
         conv, channels = bn.args[0], None
@@ -368,13 +377,15 @@ def cross_layer_equalization(
     fold_batch_norm(out)
     for node in out.graph.nodes:  # the folded conv is this graph's own operator now: a model
         node.meta.pop(COMPARE_AS, None)  # prepared from it is compared with it, not the gone BN
-    bn_stats = {
+    return {
         name: stats
         for name, stats in bn_stats.items()
         if any(n.name == name and FOLDED_BN in n.meta for n in out.graph.nodes)
     }
 
-    found, skipped = _find_pairs(out)
+
+def _layers_and_pairs(out: GraphModule, found: list) -> tuple[dict[Node, _Layer], list[_Pair]]:
+    """The layers of the pairs found (their weights and biases in float64) and the pairs."""
     layers: dict[Node, _Layer] = {}
 
     def layer(node: Node) -> _Layer:
@@ -392,29 +403,38 @@ def cross_layer_equalization(
     for p in pairs:
         p.scale = torch.ones(p.first.weight.shape[0], dtype=torch.float64)
         p.r1_before, p.r2_before = _output_ranges(p.first), _input_ranges(p.second)
-    cls_sets = _sets(pairs)
+    return layers, pairs
+
+
+def _sweep(cls_sets: list, sweeps: int | None, tol: float, max_sweeps: int) -> int:
+    """Equalize every set ``sweeps`` times, or until no scale moves by more than ``tol``; how
+    many sweeps ran."""
     done = 0
     while done < (sweeps or max_sweeps):
         moved = max((_equalize_set(s) for s in cls_sets), default=0.0)
         done += 1
         if sweeps is None and moved <= tol:
             break
+    return done
 
+
+def _absorb_high_bias(pairs: list[_Pair], bn_stats: dict, num_std: float) -> dict[int, float]:
+    """Move each first layer's always-positive bias into the next layer's (section 4.2.1);
+    the largest amount moved per pair index."""
     absorbed: dict[int, float] = {}
-    if high_bias_absorption:
-        for i, p in enumerate(pairs):
-            stats = bn_stats.get(p.first.node.name)
-            if stats is None or p.first.bias is None or p.second.bias is None:
-                continue
-            beta, gamma = stats[1] / p.scale, stats[0] / p.scale
-            if p.activation == "identity":
-                c = beta
-            else:
-                c = torch.clamp(beta - num_std * gamma.abs(), min=0)
-            p.first.bias = p.first.bias - c
-            p.second.bias = p.second.bias + _block_diagonal(p.second) @ c
-            absorbed[i] = float(c.abs().max())
+    for i, p in enumerate(pairs):
+        stats = bn_stats.get(p.first.node.name)
+        if stats is None or p.first.bias is None or p.second.bias is None:
+            continue
+        beta, gamma = stats[1] / p.scale, stats[0] / p.scale
+        c = beta if p.activation == "identity" else torch.clamp(beta - num_std * gamma.abs(), min=0)
+        p.first.bias = p.first.bias - c
+        p.second.bias = p.second.bias + _block_diagonal(p.second) @ c
+        absorbed[i] = float(c.abs().max())
+    return absorbed
 
+
+def _write_back(out: GraphModule, layers: dict[Node, _Layer]) -> None:
     for lay in layers.values():
         w_node, b_node = lay.node.args[1], lay.node.args[2] if len(lay.node.args) > 2 else None
         dtype = get_attr_value(out, w_node).dtype
@@ -423,6 +443,11 @@ def cross_layer_equalization(
             _set_constant(out, str(b_node.target), lay.bias.to(dtype))
     out.recompile()
 
+
+def _record_pairs(
+    out: GraphModule, pairs: list[_Pair], cls_sets: list, absorbed: dict, done: int, skipped: list
+) -> None:
+    """One TransformRecord per equalized pair (scales, range spreads) and per skipped one."""
     in_triplet = {id(p): len(s) == 2 for s in cls_sets for p in s}
     for i, p in enumerate(pairs):
         r1, r2 = _output_ranges(p.first), _input_ranges(p.second)
@@ -440,12 +465,8 @@ def cross_layer_equalization(
             ("sweeps", done),
             ("max_absorbed_bias", absorbed.get(i, 0.0)),
         )
-        record_transform(
-            out,
-            TransformRecord(
-                "cross_layer_equalization", (p.first.node.name, p.second.node.name), detail, params
-            ),
-        )
+        names = (p.first.node.name, p.second.node.name)
+        record_transform(out, TransformRecord("cross_layer_equalization", names, detail, params))
     for names, why in skipped:
         record_transform(
             out,
@@ -453,4 +474,3 @@ def cross_layer_equalization(
                 "cross_layer_equalization", names, f"skipped: {why}", (("equalized", False),)
             ),
         )
-    return out

@@ -71,11 +71,7 @@ def _aimet(model, loaders, tmp_path) -> tuple[float, float, float, float]:
         return s.model
 
     nearest = sim(folded)
-    params = AdaroundParameters(
-        data_loader=loaders.calibration,
-        num_batches=len(calib),
-        default_num_iterations=ITERATIONS,
-    )
+    params = AdaroundParameters(loaders.calibration, len(calib), default_num_iterations=ITERATIONS)
     rounded = Adaround.apply_adaround(
         folded,
         dummy,
@@ -87,13 +83,8 @@ def _aimet(model, loaders, tmp_path) -> tuple[float, float, float, float]:
         default_config_file=config,
     )
     ada = sim(rounded, str(tmp_path / "digits.encodings"))
-    test = loaders.test
-    return (
-        _sqnr(model, nearest, test),
-        evaluate(nearest, test),
-        _sqnr(model, ada, test),
-        evaluate(ada, test),
-    )
+    scores = [(_sqnr(model, m, loaders.test), evaluate(m, loaders.test)) for m in (nearest, ada)]
+    return (*scores[0], *scores[1])
 
 
 def test_qviz_adaround_matches_aimet_on_digits(tmp_path):
