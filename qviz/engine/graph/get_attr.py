@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from torch.fx import Node
 
@@ -35,6 +36,25 @@ def get_attr_value(module: nn.Module, target: str | Node, *, default: Any = _REQ
         if default is _REQUIRED:
             raise
         return default
+
+
+def set_constant(gm: nn.Module, target: str, value: torch.Tensor) -> None:
+    """Replace the parameter or buffer at ``target`` (``"conv.weight"``) with ``value`` as a
+    frozen parameter (no gradient), so every ``get_attr`` of it reads the new value.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(2, 2))
+        >>> set_constant(m, "0.bias", torch.zeros(2))
+        >>> m[0].bias.tolist(), m[0].bias.requires_grad
+        ([0.0, 0.0], False)
+    """
+    owner, _, name = target.rpartition(".")
+    module = gm.get_submodule(owner)
+    if name in module._parameters:
+        del module._parameters[name]
+    elif name in module._buffers:
+        del module._buffers[name]
+    module.register_parameter(name, nn.Parameter(value.detach(), requires_grad=False))
 
 
 def register_new_buffer(module: nn.Module, prefix: str, value: Any) -> str:

@@ -35,7 +35,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.debug_handles import COMPARE_AS
-from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.graph.get_attr import get_attr_value, set_constant
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import (
     BN_OPS,
@@ -281,16 +281,6 @@ def _block_diagonal(layer: _Layer) -> torch.Tensor:
     return full
 
 
-def _set_constant(gm: GraphModule, target: str, value: torch.Tensor) -> None:
-    owner, _, name = target.rpartition(".")
-    module = gm.get_submodule(owner)
-    if name in module._parameters:
-        del module._parameters[name]
-    elif name in module._buffers:
-        del module._buffers[name]
-    module.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
-
-
 def _spread(r: torch.Tensor) -> float:
     """max / min of a layer's per-channel ranges (inf when a channel is all zeros)."""
     small = float(r.min())
@@ -438,9 +428,9 @@ def _write_back(out: GraphModule, layers: dict[Node, _Layer]) -> None:
     for lay in layers.values():
         w_node, b_node = lay.node.args[1], lay.node.args[2] if len(lay.node.args) > 2 else None
         dtype = get_attr_value(out, w_node).dtype
-        _set_constant(out, str(w_node.target), lay.weight.to(dtype))
+        set_constant(out, str(w_node.target), lay.weight.to(dtype))
         if b_node is not None:
-            _set_constant(out, str(b_node.target), lay.bias.to(dtype))
+            set_constant(out, str(b_node.target), lay.bias.to(dtype))
     out.recompile()
 
 

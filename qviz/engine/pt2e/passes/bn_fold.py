@@ -31,7 +31,7 @@ from torch.fx import GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 from qviz.engine.graph.debug_handles import COMPARE_AS, handle
-from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.graph.get_attr import get_attr_value, set_constant
 from qviz.engine.graph.module_stack import module_type_names
 
 #: ``node.meta`` key of a conv / linear: the classes (``module.qualname``) of the BatchNorm
@@ -65,16 +65,6 @@ _EPS_INDEX = {
 def _constant(gm: GraphModule, node: Node | None) -> torch.Tensor | None:
     """The parameter or buffer a ``get_attr`` node reads (None for a missing optional input)."""
     return None if node is None else get_attr_value(gm, node)
-
-
-def _set_param(gm: GraphModule, target: str, value: torch.Tensor) -> None:
-    owner, _, name = target.rpartition(".")
-    module = gm.get_submodule(owner)
-    if name in module._parameters:
-        del module._parameters[name]
-    elif name in module._buffers:
-        del module._buffers[name]
-    module.register_parameter(name, torch.nn.Parameter(value.detach(), requires_grad=False))
 
 
 def _bias_target(weight: str) -> str:
@@ -173,17 +163,17 @@ def fold_conv_bn_pair(gm: GraphModule, conv: Node, bn: Node) -> None:
     weight_node = conv.args[1]
     bias_node = conv.args[2] if len(conv.args) > 2 else None
     fused_w, fused_b = fused_conv_bn_params(gm, conv, bn)
-    _set_param(gm, str(weight_node.target), fused_w)
+    set_constant(gm, str(weight_node.target), fused_w)
     if bias_node is None:
         target = _bias_target(str(weight_node.target))
-        _set_param(gm, target, fused_b)
+        set_constant(gm, target, fused_b)
         with gm.graph.inserting_before(conv):
             bias_node = gm.graph.get_attr(target)
         conv_args = list(conv.args) + [None] * (3 - len(conv.args))
         conv_args[2] = bias_node
         conv.args = tuple(conv_args)
     else:
-        _set_param(gm, str(bias_node.target), fused_b)
+        set_constant(gm, str(bias_node.target), fused_b)
     if bn.target == aten.batch_norm.default:
         replaced = bn
     else:
