@@ -71,8 +71,11 @@ def output_is_annotated(node: Node) -> bool:
     )
 
 
-def mark_annotated(nodes: Iterable[Node | None]) -> None:
-    """Claim ``nodes`` (weights and biases too), creating empty annotations where needed.
+def mark_annotated(
+    nodes: Iterable[Node | None], annotation: type[QuantizationAnnotation] = QuantizationAnnotation
+) -> None:
+    """Claim ``nodes`` (weights and biases too), creating empty ``annotation`` objects (a
+    quantizer's own annotation class, if it has one) where needed; existing ones are kept.
 
     Example:
         >>> import torch
@@ -85,7 +88,7 @@ def mark_annotated(nodes: Iterable[Node | None]) -> None:
         if node is None:
             continue
         if node.meta.get(Q_ANNOTATION_KEY) is None:
-            node.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation()
+            node.meta[Q_ANNOTATION_KEY] = annotation()
         node.meta[Q_ANNOTATION_KEY]._annotated = True
 
 

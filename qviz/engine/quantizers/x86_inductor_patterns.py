@@ -44,6 +44,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.module_stack import module_names
+from qviz.engine.quantizers.annotate import mark_annotated
 from qviz.engine.specs import (
     Q_ANNOTATION_KEY,
     QuantizationAnnotation,
@@ -141,12 +142,7 @@ def keep_float(nodes: Iterable[Node]) -> None:
 
 def mark_claimed(nodes: Iterable[Node | None]) -> None:
     """Claim ``nodes`` (the batch norm of a QAT pattern too), keeping annotations."""
-    for node in nodes:
-        if node is None:
-            continue
-        if node.meta.get(Q_ANNOTATION_KEY) is None:
-            node.meta[Q_ANNOTATION_KEY] = X86Annotation()
-        node.meta[Q_ANNOTATION_KEY]._annotated = True
+    mark_annotated(nodes, X86Annotation)
 
 
 def weighted_inputs(node: Node, config: QuantizationConfig) -> dict:

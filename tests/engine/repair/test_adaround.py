@@ -14,6 +14,7 @@ from qviz.engine.compat import quantized_decomposed
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair.adaround import adaround
 from qviz.errors import CalibrationError, ConfigError
+from tests.helpers.metrics import output_sqnr
 
 
 def _convert(model, data, *, per_channel=True, qmax=7):
@@ -172,16 +173,6 @@ def test_errors():
         adaround(converted, gm, bad, iterations=5, progress=False)
 
 
-def _sqnr(reference, model, batches) -> float:
-    num = den = 0.0
-    with torch.no_grad():
-        for x, _ in batches:
-            r = reference(x)
-            num += float(r.pow(2).sum())
-            den += float((r - model(x)).pow(2).sum())
-    return 10 * torch.log10(torch.tensor(num / den)).item()
-
-
 def test_digits_4bit_per_channel_improves():
     """Measured: nearest 0.9917 / 18.9 dB, AdaRound (300 iterations, about 2 s) 0.9972 / 29.2 dB."""
     from qviz.data import digits_loaders, digits_model, evaluate
@@ -192,7 +183,7 @@ def test_digits_4bit_per_channel_improves():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = adaround(converted, gm, calib, iterations=300, progress=False)
-    before, after = _sqnr(gm, converted, loaders.test), _sqnr(gm, out, loaders.test)
+    before, after = output_sqnr(gm, converted, loaders.test), output_sqnr(gm, out, loaders.test)
     assert after > before + 5, (before, after)
     assert evaluate(out, loaders.test) >= evaluate(converted, loaders.test)
     assert len(out.plan.transforms) == 6

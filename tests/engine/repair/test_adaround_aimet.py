@@ -17,19 +17,11 @@ import warnings
 import pytest
 import torch
 
+from tests.helpers.metrics import output_sqnr
+
 pytest.importorskip("aimet_torch")
 
 ITERATIONS, BITS = 300, 4
-
-
-def _sqnr(reference, model, batches) -> float:
-    num = den = 0.0
-    with torch.no_grad():
-        for x, _ in batches:
-            r = reference(x)
-            num += float(r.pow(2).sum())
-            den += float((r - model(x)).pow(2).sum())
-    return 10 * torch.log10(torch.tensor(num / den)).item()
 
 
 def _aimet(model, loaders, tmp_path) -> tuple[float, float, float, float]:
@@ -83,7 +75,9 @@ def _aimet(model, loaders, tmp_path) -> tuple[float, float, float, float]:
         default_config_file=config,
     )
     ada = sim(rounded, str(tmp_path / "digits.encodings"))
-    scores = [(_sqnr(model, m, loaders.test), evaluate(m, loaders.test)) for m in (nearest, ada)]
+    scores = [
+        (output_sqnr(model, m, loaders.test), evaluate(m, loaders.test)) for m in (nearest, ada)
+    ]
     return (*scores[0], *scores[1])
 
 
@@ -109,7 +103,7 @@ def test_qviz_adaround_matches_aimet_on_digits(tmp_path):
         ours = adaround(nearest, gm, calib, iterations=ITERATIONS, progress=False)
         aimet = _aimet(model, loaders, tmp_path)
     test = loaders.test
-    before, after = _sqnr(model, nearest, test), _sqnr(model, ours, test)
+    before, after = output_sqnr(model, nearest, test), output_sqnr(model, ours, test)
     aimet_before, _, aimet_after, aimet_acc = aimet
     assert after > before + 5 and aimet_after > aimet_before + 5, (before, after, aimet)
     assert after > aimet_after - 2.0, (after, aimet_after)  # as good as AIMET, within 2 dB
