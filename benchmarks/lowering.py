@@ -164,7 +164,7 @@ def _executorch_float_rows(model: torch.nn.Module, x: torch.Tensor) -> list:
     from executorch.runtime import Runtime
 
     start = time.perf_counter()
-    shapes = dynamic_batch_shapes((x,), 65)  # bounded, as qviz.lower(max_batch=64) does
+    shapes = dynamic_batch_shapes((x,), 64)  # bounded, as qviz.lower(max_batch=64) does
     program = torch.export.export(model, (x,), dynamic_shapes=shapes)
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     buffer = edge.to_executorch().buffer

@@ -323,7 +323,7 @@ def _xnnpack_probe(lowered: Any, order: list[Node], example: tuple) -> Any:
         )
     if getattr(program, "example_inputs", None):  # what qviz.lower exported it with
         example = tuple(program.example_inputs[0])
-    bound = (getattr(lowered, "max_batch", None) or 64) + 1  # as qviz.lower bounds the batch
+    bound = getattr(lowered, "max_batch", None) or 64  # as qviz.lower bounds the batch
     shapes = dynamic_batch_shapes(example, bound) if lowered.dynamic_batch else None
 
     def probe(i: int) -> Callable[[tuple], torch.Tensor]:

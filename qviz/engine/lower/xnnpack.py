@@ -264,9 +264,7 @@ def lower_xnnpack(
     outside a delegate for the largest batch, so an unbounded one cannot be allocated; the
     program's own bound (its input's planned size, sometimes below ``max_batch``) is kept."""
     _import("executorch.exir")
-    # one above max_batch: ExecuTorch 1.5 refuses the bound itself (a program exported for
-    # batches up to N takes N - 1)
-    shapes = dynamic_batch_shapes(example_inputs, max_batch + 1) if dynamic_batch else None
+    shapes = dynamic_batch_shapes(example_inputs, max_batch) if dynamic_batch else None
     program = torch.export.export(converted, example_inputs, dynamic_shapes=shapes)
     try:
         run, records, buffer = lower_exported(program, path)
