@@ -11,7 +11,12 @@ comparison:
   channels (dim 1).
 
 Each slice's SQNR is ``10 log10(sum(ref^2) / sum((ref - test)^2))`` over the slice in every batch;
-a slice without signal (all float values zero) has none and is skipped. The per-slice sums are
+a slice with almost no signal is skipped: under ``MIN_SIGNAL_SHARE`` (1 %) of the median
+slice's signal energy, as a channel a ReLU leaves nearly dead (the median, not the mean: where
+one token sets the range and the others starve, the others are the ones to show). Such a slice
+cannot carry a tensor's error to the layers after it (its few small values round to zero on a
+grid sized for the other slices, so its own SQNR is near 0 dB whatever the grid), and ranking
+it worst would hide the slices that matter. The per-slice sums are
 exact (:class:`ExactVector`), so shards merge into one process's figures bit for bit, as the
 report's other sums do.
 
@@ -31,6 +36,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+#: A slice is ranked when its signal energy is at least this share of the median slice's.
+MIN_SIGNAL_SHARE = 0.01
 
 
 class ExactVector:
@@ -167,8 +175,9 @@ class SliceStats:
         if not self.valid or not values or not n:
             return math.nan, -1
         worst, index = math.inf, -1
+        floor = MIN_SIGNAL_SHARE * sorted(values[:n])[(n - 1) // 2]
         for i, (signal, noise) in enumerate(zip(values[:n], values[n : 2 * n], strict=True)):
-            if signal <= 0.0:
+            if signal <= 0.0 or signal < floor:
                 continue
             db = math.inf if noise == 0.0 else 10.0 * math.log10(signal / noise)
             if db < worst or index < 0:
@@ -176,7 +185,8 @@ class SliceStats:
         return (worst, index) if index >= 0 else (math.nan, -1)
 
     def worst_token_sqnr(self) -> float:
-        """dB: the lowest SQNR of a token with signal (NaN without tokens)."""
+        """dB: the lowest SQNR of a token with signal (see the module docstring; NaN without
+        tokens)."""
         return self._worst(self.tokens, self.sizes[0])[0]
 
     def worst_token(self) -> int:
@@ -184,7 +194,8 @@ class SliceStats:
         return self._worst(self.tokens, self.sizes[0])[1]
 
     def worst_channel_sqnr(self) -> float:
-        """dB: the lowest SQNR of a channel with signal (NaN without channels)."""
+        """dB: the lowest SQNR of a channel with signal (see the module docstring; NaN without
+        channels)."""
         return self._worst(self.channels, self.sizes[1])[0]
 
     def worst_channel(self) -> int:

@@ -243,3 +243,21 @@ def test_a_healthy_model_has_no_finding_and_the_diagnosis_draws_as_a_graph_metri
     assert all(drawn[node] == pytest.approx(value) for node, value in values.items())
     with pytest.raises(ConfigError, match="prepared"):
         diagnose(report, converted)
+
+
+def test_a_nearly_dead_channel_is_not_ranked_as_the_worst_slice():
+    """A channel a ReLU leaves nearly dead (values far below the grid's step) rounds to zero:
+    0 dB on its own, yet it carries no error forward. The worst channel is the worst of the
+    channels with signal (at least 1 % of the median channel's energy)."""
+    from qviz.numeric.slices import SliceStats
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 8, generator=gen, dtype=torch.float64).abs()
+    ref[:, 3] *= 1e-3  # nearly dead: 1e-6 of the others' energy
+    test = ref.clone()
+    test[:, 3] = 0  # rounds to zero: 0 dB on its own
+    test[:, 5] += 0.1 * ref[:, 5]  # a live channel 20 dB down
+    stats = SliceStats()
+    stats.update(ref, test)
+    assert stats.worst_channel() == 5
+    assert stats.worst_channel_sqnr() == pytest.approx(20.0, abs=1e-9)

@@ -25,7 +25,10 @@ Example:
 
 from __future__ import annotations
 
-from torch.fx import GraphModule, Node
+from collections.abc import Sequence
+
+import torch
+from torch.fx import Graph, GraphModule, Node
 
 from qviz.engine.compat import OpOverload
 
@@ -79,3 +82,37 @@ def is_written_buffer_edge(gm: GraphModule, producer: Node, consumer: Node) -> b
         return False
     attr = aliased_attr(producer)
     return attr is not None and str(attr.target) in {name for name, _ in gm.named_buffers()}
+
+
+def value_probe(gm: GraphModule, nodes: Sequence[Node]) -> GraphModule:
+    """A graph module computing only what ``nodes`` need and returning a copy of each one's
+    value, taken as it is computed: a later in-place op of the graph (ResNet's ``out += x``,
+    ``relu_``) writes into the tensor a node returned, and would otherwise change the value
+    read out.
+
+    Example:
+        >>> import torch
+        >>> class Block(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         y = x * 2
+        ...         y += 1  # aten.add_ writes into mul's result
+        ...         return y
+        >>> gm = torch.export.export(Block(), (torch.ones(2),), strict=True).module()
+        >>> mul = next(n for n in gm.graph.nodes if n.name == "mul")
+        >>> value_probe(gm, [mul])(torch.ones(2))  # mul's value, before the add_
+        (tensor([2., 2.]),)
+    """
+    graph, env = Graph(), {}
+    wanted = set(nodes)
+    copies: dict[Node, Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        env[node] = graph.node_copy(node, lambda n: env[n])
+        if node in wanted:
+            copies[node] = graph.call_function(torch.ops.aten.clone.default, (env[node],))
+    graph.output(tuple(copies[n] for n in nodes))
+    probe = GraphModule(gm, graph)
+    probe.graph.eliminate_dead_code()
+    probe.recompile()
+    return probe

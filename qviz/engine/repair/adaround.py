@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Interpreter, Node
+from torch.utils._pytree import tree_map
 
 from qviz.engine.compat import quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, handle
@@ -142,12 +143,17 @@ class _Capture(Interpreter):
         self.kept: Any = None
 
     def run_node(self, n: Node) -> Any:
+        # copies: a later in-place op (ResNet's ``out += x``, ``relu_``) writes into these tensors
         if n is self.node and not self.keep_output:
-            self.kept = self.fetch_args_kwargs_from_env(n)
+            self.kept = tree_map(_copy, self.fetch_args_kwargs_from_env(n))
         result = super().run_node(n)
         if n is self.node and self.keep_output:
-            self.kept = result.detach()
+            self.kept = _copy(result)
         return result
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 def _collect(

@@ -42,35 +42,21 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.fx import Graph, GraphModule, Node
+from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.debug_handles import float_handle, handle
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.engine.graph.mutation import value_probe
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import BN_OPS, CONV_OPS, LINEAR_OPS, fused_conv_bn_params
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.errors import ConfigError
 
 _REFERENCES = ("float", "quantized")
-
-
-def _probe(gm: GraphModule, nodes: Sequence[Node]) -> GraphModule:
-    """A graph module computing only what ``nodes`` need and returning their values."""
-    graph, env = Graph(), {}
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            continue
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    graph.output(tuple(env[n] for n in nodes))
-    probe = GraphModule(gm, graph)
-    probe.graph.eliminate_dead_code()
-    probe.recompile()
-    return probe
 
 
 def _channel_means(value: torch.Tensor, linear: bool) -> tuple[torch.Tensor, int]:
@@ -233,7 +219,7 @@ def _pairs(out: GraphModule, float_gm: GraphModule) -> list[tuple[Node, Node]]:
 def _float_means(float_gm: GraphModule, pairs: list, batches: list) -> Any:
     """The float model's own output mean of each layer's counterpart."""
     float_means = _Means()
-    for values in _run(_probe(float_gm, [r for _, r in pairs]), batches) if pairs else ():
+    for values in _run(value_probe(float_gm, [r for _, r in pairs]), batches) if pairs else ():
         for k, ((layer, _), v) in enumerate(zip(pairs, values, strict=True)):
             float_means.add(k, v, layer.target in LINEAR_OPS)
     return float_means
@@ -250,7 +236,7 @@ def _measure(
         layer = pairs[k][0]
         wanted += [layer] if reference == "float" else [layer, layer.args[0]]
     means, float_ref = _Means(), _Means()
-    for values in _run(_probe(out, wanted), batches):
+    for values in _run(value_probe(out, wanted), batches):
         values = list(values)
         for k in ks:
             layer = pairs[k][0]

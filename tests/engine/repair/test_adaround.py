@@ -15,6 +15,7 @@ from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_
 from qviz.engine.repair.adaround import adaround
 from qviz.errors import CalibrationError, ConfigError
 from tests.helpers.metrics import output_sqnr
+from tests.helpers.residual import Residual
 
 
 def _convert(model, data, *, per_channel=True, qmax=7):
@@ -187,3 +188,22 @@ def test_digits_4bit_per_channel_improves():
     assert after > before + 5, (before, after)
     assert evaluate(out, loaders.test) >= evaluate(converted, loaders.test)
     assert len(out.plan.transforms) == 6
+
+
+def test_in_place_ops_after_a_layer_do_not_change_its_target():
+    """A residual block written with ``out += x`` / ``relu_`` (torchvision's ResNet) computes
+    the function of the out-of-place block, so AdaRound chooses the same integers: each
+    layer's float target and input are taken before an in-place op writes into them."""
+    torch.manual_seed(0)
+    functional = Residual(inplace=False).eval()
+    inplace = Residual(inplace=True).eval()
+    inplace.load_state_dict(functional.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randn(16, 4, 8, 8, generator=gen) for _ in range(2)]
+    chosen = []
+    for model in (functional, inplace):
+        gm, converted = _convert(model, data, qmax=3)
+        out = adaround(converted, gm, data, iterations=100, progress=False)
+        chosen.append(sorted(_int_weights(out).items()))
+    assert [k for k, _ in chosen[0]] == [k for k, _ in chosen[1]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(*chosen, strict=True))

@@ -15,6 +15,7 @@ from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_
 from qviz.engine.repair import bias_correction
 from qviz.errors import ConfigError
 from qviz.numeric.metrics import sqnr
+from tests.helpers.residual import Residual
 
 FOUR_BIT = get_symmetric_quantization_config(is_per_channel=False, weight_qmin=-8, weight_qmax=7)
 
@@ -157,3 +158,25 @@ def test_aimet_2_42_has_no_bias_correction():
     pytest.importorskip("aimet_torch")
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("aimet_torch.bias_correction")
+
+
+def test_in_place_ops_after_a_layer_do_not_change_what_is_measured():
+    """The in-place model computes the same function as the out-of-place one, so its
+    corrections are the same: each layer's output is measured before ``add_`` / ``relu_``
+    write into it."""
+    torch.manual_seed(0)
+    functional = Residual(inplace=False).eval()
+    inplace = Residual(inplace=True).eval()
+    inplace.load_state_dict(functional.state_dict())
+    x = torch.randn(32, 4, 8, 8)
+    biases = []
+    for model in (functional, inplace):
+        gm = qviz.export(model, (x,))
+        assert any(n.target == torch.ops.aten.add_.Tensor for n in gm.graph.nodes) == (
+            model.inplace
+        )
+        corrected = bias_correction(_convert(gm, x), gm, x)
+        layers = [n for n in corrected.graph.nodes if n.target == torch.ops.aten.conv2d.default]
+        biases.append([get_attr_value(corrected, n.args[2]) for n in layers])
+    for a, b in zip(*biases, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
