@@ -71,7 +71,7 @@ from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.plan import require_plan
 from qviz.errors import ConfigError, closest_names
-from qviz.numeric.diagnose_rules import RULES, Cause, Context, Prescription
+from qviz.numeric.diagnose_rules import CAUSE_COLOURS, RULES, Cause, Context, Prescription
 
 #: The most a finding's severity shows (dB below the threshold), so a graph's scale stays useful.
 MAX_SEVERITY = 60.0
@@ -139,6 +139,9 @@ class Diagnosis:
     fingerprint: Fingerprint | None = None
     float_fingerprint: Fingerprint | None = None
 
+    #: The columns ``qviz.viz.graph(metrics=diagnosis, metric_column=...)`` draws as classes.
+    CATEGORY_COLUMNS = ("cause",)
+
     def __iter__(self) -> Iterator[Finding]:
         return iter(self.findings)
 
@@ -178,6 +181,19 @@ class Diagnosis:
         values = {f.node: f.severity for f in self.findings}
         name = f"diagnosis severity (dB below {self.threshold_db:g} dB)"
         return values, name, False, (0.0, 30.0)
+
+    def graph_categories(self, column: str = "cause") -> tuple[dict[str, str], str, dict[str, str]]:
+        """What ``qviz.viz.graph(converted, metrics=diagnosis, metric_column="cause")`` draws:
+        each poor layer's cause, the name the legend gives it, and each cause's colour.
+
+        Example:
+            >>> Diagnosis((), 25.0).graph_categories()[:2]
+            ({}, 'cause')
+        """
+        if column not in self.CATEGORY_COLUMNS:
+            raise ConfigError(f"graph_categories({column!r}): give one of {self.CATEGORY_COLUMNS}")
+        causes = {f.node: f.cause.value for f in self.findings}
+        return causes, column, {c.value: colour for c, colour in CAUSE_COLOURS.items()}
 
     def summary(self) -> str:
         if not self.findings:

@@ -45,6 +45,13 @@ class Cause(StrEnum):
     SLICE = "slice"
 
 
+#: The fill of each cause when a graph is coloured by cause (light enough for black text).
+CAUSE_COLOURS = {
+    Cause.OUTLIER_CHANNELS: "#fdae6b", Cause.CLIPPING: "#f1b6da", Cause.ROUNDING: "#fee08b",
+    Cause.SHARED_GROUP: "#bcbddc", Cause.DEGENERATE: "#bdbdbd", Cause.SLICE: "#9ecae1",
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Prescription:
     """What to do about a finding, and which qviz function does it.

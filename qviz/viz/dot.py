@@ -106,12 +106,15 @@ def _table(
     span: tuple[float, float] | None,
     metric: str,
     higher: bool = True,
+    muted: bool = False,
 ) -> str:
     fill, border, font = _STYLE.get(node.kind, _STYLE["op"])
-    if node.group is not None and span is None:  # a heatmap mutes the group colours
+    if node.group is not None and not muted:  # a heatmap mutes the group colours
         fill = group_colour(node.group)
     if node.value is not None and span is not None:
         fill = _value_colour(node.value, span, higher)
+    if node.category is not None:
+        fill = node.category[1]
     width = 3 if highlighted else (2 if node.kernel else 1)
     border = _HIGHLIGHT if highlighted else _KERNEL_BORDER.get(node.kernel, border)
     title = html.escape(node.label)
@@ -125,6 +128,9 @@ def _table(
         rows.append(f'<tr><td><font point-size="9" color="#555555">{text}</font></td></tr>')
     if node.value is not None:
         text = html.escape(f"{metric} {node.value:.3g}".strip())
+        rows.append(f'<tr><td><font point-size="10"><b>{text}</b></font></td></tr>')
+    if node.category is not None:
+        text = html.escape(f"{metric}: {node.category[0]}")
         rows.append(f'<tr><td><font point-size="10"><b>{text}</b></font></td></tr>')
     if node.kernel:
         text = html.escape(f"{node.kernel} kernel: {node.kernel_op}")
@@ -144,6 +150,7 @@ def _add_node(
     span: tuple[float, float] | None,
     metric: str,
     higher: bool = True,
+    muted: bool = False,
 ) -> None:
     tooltip = node.tooltip or node.name
     if node.kind == "ref":
@@ -156,7 +163,7 @@ def _add_node(
             label=label,
             shape="box",
             style="rounded,filled",
-            fillcolor=_MUTED if span is not None else group_colour(node.group or 0),
+            fillcolor=_MUTED if muted else group_colour(node.group or 0),
             color=_HIGHLIGHT if highlighted else "#555555",
             fontsize="9",
             height="0.2",
@@ -166,7 +173,9 @@ def _add_node(
         return
     if node.value is not None:
         tooltip = f"{metric or 'metric'} = {node.value:.6g}\\n{tooltip}"
-    label = _table(node, highlighted, span, metric, higher)
+    if node.category is not None:
+        tooltip = f"{metric or 'class'}: {node.category[0]}\\n{tooltip}"
+    label = _table(node, highlighted, span, metric, higher, muted)
     g.node(node.name, label=label, shape="plaintext", tooltip=tooltip)
 
 
@@ -294,12 +303,19 @@ def _bg(colour: str) -> str:
 def _legend(g: Any, view: GraphView, span: tuple[float, float] | None) -> None:
     stage, metric = view.stage, view.metric
     kinds = {n.kind for n in view.nodes}
+    muted = span is not None or bool(view.categories)
     cells = "".join(
         f'<tr><td{_bg(c)} width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
-        for c, t in _legend_rows(stage, kinds, span is not None, view.partition)
+        for c, t in _legend_rows(stage, kinds, muted, view.partition)
     )
     if span is not None:
         cells += _colour_bar(span, metric, view.higher_is_better)
+    if view.categories:
+        cells += f'<tr><td colspan="2" align="left">{html.escape(metric or "class")}:</td></tr>'
+        cells += "".join(
+            f'<tr><td bgcolor="{c}" width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
+            for t, c in view.categories
+        )
     label = (
         f'<<table border="0" cellspacing="2" cellpadding="2"><tr><td colspan="2">'
         f"<b>{stage} graph</b></td></tr>{cells}</table>>"
@@ -330,10 +346,11 @@ def to_digraph(view: GraphView, highlight: Collection[str] = (), legend: bool = 
         members.setdefault(_home(node, paths), []).append(node)
     marked = set(highlight)
     span = _metric_range(view)
+    muted = span is not None or bool(view.categories)  # colours that mean something else
 
     def draw(sub: Any, node: ViewNode) -> None:
         marked_node = _is_highlighted(node, marked)
-        _add_node(sub, node, marked_node, span, view.metric, view.higher_is_better)
+        _add_node(sub, node, marked_node, span, view.metric, view.higher_is_better, muted)
 
     _emit(g, "", tree, members, draw, dict(view.module_types))
     for e in view.edges:

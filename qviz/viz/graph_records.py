@@ -32,7 +32,8 @@ class ViewNode:
     ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
     ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``); ``kernel`` what a
     lowered program runs the op on (``"integer"`` or ``"float"``, see ``graph(lowered=...)``)
-    and ``kernel_op`` that kernel's operator.
+    and ``kernel_op`` that kernel's operator; ``category`` a class drawn as the box's colour,
+    ``(name, colour)`` (see ``graph(metrics=diagnosis, metric_column="cause")``).
     """
 
     name: str
@@ -47,6 +48,7 @@ class ViewNode:
     value: float | None = None
     kernel: str = ""
     kernel_op: str = ""
+    category: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ class GraphView:
     ``metric`` names the values carried by :attr:`ViewNode.value` (``""`` when there are none);
     ``metric_span`` fixes the colour scale (None: the values' min..max) and
     ``higher_is_better`` says which end is green; ``partition`` names the backend whose
-    kernels the ops are marked with ("" when none).
+    kernels the ops are marked with ("" when none); ``categories`` lists the classes the
+    boxes are coloured by, ``(name, colour)`` each, for the legend (empty when none).
     """
 
     stage: str
@@ -83,6 +86,7 @@ class GraphView:
     metric_span: tuple[float, float] | None = None
     higher_is_better: bool = True
     partition: str = ""
+    categories: tuple[tuple[str, str], ...] = ()
 
 
 def op_name(node: Node) -> str:

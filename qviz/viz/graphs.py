@@ -196,6 +196,22 @@ def _with_metrics(view: GraphView, values: dict[str, float], name: str) -> Graph
     return replace(view, nodes=nodes, metric=name)
 
 
+def _with_categories(
+    view: GraphView, classes: dict[str, str], name: str, colours: dict[str, str]
+) -> GraphView:
+    """``view`` with each named node coloured by its class (``classes``: node -> class name,
+    ``colours``: class name -> fill); the legend lists the classes present."""
+    known = {n.name for n in view.nodes}
+    nodes = tuple(
+        replace(n, category=(classes[n.name], colours[classes[n.name]]))
+        if n.name in classes and n.kind != "marker" else n
+        for n in view.nodes
+    )  # fmt: skip
+    present = [c for c in colours if c in {classes[k] for k in classes if k in known}]
+    return replace(view, nodes=nodes, metric=name,
+                   categories=tuple((c, colours[c]) for c in present))  # fmt: skip
+
+
 def _apply_metrics(
     view: GraphView, model: GraphModule, metrics: Any, column: str | None, span: Any, higher: Any
 ) -> GraphView:
@@ -204,6 +220,9 @@ def _apply_metrics(
     if metrics is None:
         return view
     check_fingerprint(metrics, model, "graph(metrics=...)")  # another model's is refused
+    classes = getattr(metrics, "graph_categories", None)
+    if callable(classes) and column in getattr(metrics, "CATEGORY_COLUMNS", ()):
+        return _with_categories(view, *classes(column))
     view = _with_metrics(view, *_metric_values(metrics, column))
     own = getattr(metrics, "graph_metric", None)
     _, _, own_higher, own_span = own() if callable(own) else (None, None, True, None)
@@ -284,7 +303,9 @@ def graph(
             (``.df``), or a lowering comparison (steps from the reference, fewer is green); a
             collapsed box shows its lowest value; another model's record is refused.
         metric_column: the DataFrame column to draw (default: its first numeric column); for a
-            mapping, the name the legend and boxes give the values.
+            mapping, the name the legend and boxes give the values. With a diagnosis
+            (:func:`qviz.numeric.diagnose`), ``"cause"`` colours each poor layer by its cause
+            (one colour per cause, listed in the legend) instead of its severity.
         metric_range: ``(low, high)`` for the colour scale, so that several drawings compare
             (default: the values' min..max; values outside are clamped to the ends).
         higher_is_better: green for high values (SQNR, the default); False for errors (MSE).

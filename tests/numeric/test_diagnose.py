@@ -261,3 +261,23 @@ def test_a_nearly_dead_channel_is_not_ranked_as_the_worst_slice():
     stats.update(ref, test)
     assert stats.worst_channel() == 5
     assert stats.worst_channel_sqnr() == pytest.approx(20.0, abs=1e-9)
+
+
+def test_the_graph_colours_each_poor_layer_by_its_cause():
+    from qviz.numeric.diagnose_rules import CAUSE_COLOURS
+
+    data = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    _, prepared, converted, report, _ = _run(TwoConvs(), data)
+    strict = diagnose(report, prepared, data=data, threshold_db=200.0)  # every layer is poor
+    causes = {f.node: f.cause for f in strict}
+    g = qviz.viz.graph(converted, metrics=strict, metric_column="cause")
+    drawn = {n.name: n.category for n in g.view.nodes if n.category is not None}
+    assert drawn == {k: (c.value, CAUSE_COLOURS[c]) for k, c in causes.items()}
+    assert g.view.categories == tuple(
+        (c.value, colour) for c, colour in CAUSE_COLOURS.items() if c in set(causes.values())
+    )
+    assert all(n.value is None for n in g.view.nodes)  # classes, not a heat map
+    for cause in set(causes.values()):
+        assert f"cause: {cause.value}" in g.dot and CAUSE_COLOURS[cause] in g.dot
+    with pytest.raises(ConfigError, match="graph_categories"):
+        strict.graph_categories("severity")
