@@ -167,7 +167,9 @@ class RepairSession:
 
     Attributes:
         history: the applied steps (:class:`RepairStep`), oldest first.
-        report, quantized_model, prepared_model, diagnosis, transforms: the current state's.
+        report, quantized_model, prepared_model, float_model, diagnosis, transforms: the
+            current state's.
+        data: the evaluation batches.
         baseline: the report of the model without remedies.
 
     Raises:
@@ -337,6 +339,17 @@ class RepairSession:
     def quantized_model(self) -> GraphModule:
         """The current quantized model (converted, then the post-convert remedies)."""
         return self._states[-1].quantized
+
+    @property
+    def float_model(self) -> GraphModule:
+        """The float graph the current model was prepared from (the float-graph remedies
+        applied: what each layer is compared with)."""
+        return self._states[-1].float_gm
+
+    @property
+    def data(self) -> list[Any]:
+        """The evaluation batches every report is measured on (read once, at the start)."""
+        return list(self._data)
 
     @property
     def prepared_model(self) -> GraphModule:

@@ -51,10 +51,12 @@ from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
 from qviz.numeric.compare import float_graph_of
 from qviz.numeric.detail import LayerDetail, layer_detail
+from qviz.widgets.dashboard_repair import CAUSE_COLUMN, apply_remedy, undo_remedy
 from qviz.widgets.dashboard_table import (
     COLOR_COLUMNS,
     LOWERING_COLUMN,
     SORT_COLUMNS,
+    Run,
     choice,
     float_row,
     sorted_rows,
@@ -64,28 +66,16 @@ from qviz.widgets.view_owner import ViewOwner
 
 
 @dataclass(frozen=True)
-class Run:
-    """One comparison of the model: which layers were in float, and the model's figures."""
-
-    fallback: tuple[str, ...]
-    output_sqnr: float
-    metric: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """``{"fallback": [...], "output_sqnr": dB, "metric": value or None}``."""
-        return {"fallback": list(self.fallback), "output_sqnr": self.output_sqnr,
-                "metric": self.metric}  # fmt: skip
-
-
-@dataclass(frozen=True)
 class DashboardState:
-    """What the dashboard shows: sort order, chosen layer, layers in float, heatmap, runs."""
+    """What the dashboard shows: sort order, chosen layer, layers in float, heatmap, runs;
+    ``builds`` identifies the repair session's current model (one id per applied remedy)."""
 
     sort_by: str = "local_sqnr"
     selected: str | None = None
     fallback: tuple[str, ...] = ()
     color_by: str = "local_sqnr"
     history: tuple[Run, ...] = ()
+    builds: tuple[int, ...] = ()
 
 
 class NumericDashboard(ViewOwner):
@@ -110,6 +100,10 @@ class NumericDashboard(ViewOwner):
         lowering: ``qviz.numeric.compare_lowered(quantized_model, lowered, data)``: adds
             "colour by: steps from reference (lowered)", the lowering error beside the
             quantization error.
+        session: a :class:`~qviz.numeric.RepairSession` (prefer :meth:`from_session`): the
+            dashboard shows the session's current model, each poor layer's diagnosis (cause,
+            evidence, prescription), "colour by: cause", and applies remedies
+            (:meth:`apply`, :meth:`undo`), each measured before and after.
 
     Attributes:
         state: the current :class:`DashboardState`.
@@ -149,6 +143,7 @@ class NumericDashboard(ViewOwner):
         graph: bool = True,
         lowered: Any = None,
         lowering: Any = None,
+        session: Any = None,
     ) -> None:
         df = getattr(report, "df", None)
         if df is None or "node" not in getattr(df, "columns", ()):
@@ -164,6 +159,7 @@ class NumericDashboard(ViewOwner):
         if float_model is not None:
             check_stage(float_model, Stage.FLOAT, where="NumericDashboard", arg="float_model")
         self.lowered, self.lowering = _checked_lowering(lowered, lowering, quantized_model)
+        self.session, self._builds = session, 0
         self.error: str | None = None
         self.quantizer, self.metric = quantizer, metric
         self._batches = list(batches_of(data, "NumericDashboard")) if data is not None else []
@@ -247,6 +243,43 @@ class NumericDashboard(ViewOwner):
             lowered=lowered, lowering=lowering,
         )  # fmt: skip
 
+    @classmethod
+    def from_session(cls, session: Any, *, graph: bool = True) -> NumericDashboard:
+        """The dashboard of a :class:`~qviz.numeric.RepairSession`: its current model and
+        report, each poor layer's diagnosis, and remedies applied and undone from the
+        dashboard (:meth:`apply`, :meth:`undo`; the session changes with it).
+
+        Example:
+            >>> import torch, qviz
+            >>> from qviz.engine.quantizers import XNNPACKQuantizer
+            >>> from qviz.engine.quantizers import get_symmetric_quantization_config as cfg
+            >>> from qviz.numeric import RepairSession
+            >>> torch.manual_seed(0) and None
+            >>> data = [torch.randn(16, 4)]
+            >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+            >>> gm = qviz.export(model.eval(), (data[0],))
+            >>> q = XNNPACKQuantizer().set_global(cfg(is_per_channel=False, weight_qmax=3,
+            ...                                       weight_qmin=-3))
+            >>> s = RepairSession(gm, q, data, data, progress=False)
+            >>> d = NumericDashboard.from_session(s, graph=False)
+            >>> d.finding("linear").cause.value, d.apply("fallback").history[-1]["remedy"]
+            ('rounding', 'fallback')
+            >>> [r["remedy"] for r in d.undo().history], len(s.history)
+            (['', 'fallback', 'undo fallback'], 0)
+        """
+        from qviz.numeric.repair_session import RepairSession
+
+        if not isinstance(session, RepairSession):
+            raise ConfigError(
+                f"NumericDashboard.from_session takes a qviz.numeric.RepairSession, got "
+                f"{type(session).__name__}"
+            )
+        return cls(
+            session.report, quantized_model=session.quantized_model,
+            float_model=session.float_model, data=session.data, metric=session.metric,
+            graph=graph, session=session,
+        )  # fmt: skip
+
     # -- Python equivalents of the controls ----------------------------------------------------
     def select(self, node: str) -> NumericDashboard:
         """Show a layer: a node name of the table (``"conv2d_1"``)."""
@@ -264,9 +297,40 @@ class NumericDashboard(ViewOwner):
 
     @property
     def color_options(self) -> tuple[str, ...]:
-        """What the graph can be coloured by: the report's columns, and with ``lowering`` the
-        steps from the reference on the lowered program's kernels."""
-        return COLOR_COLUMNS + ((LOWERING_COLUMN,) if self.lowering is not None else ())
+        """What the graph can be coloured by: the report's columns, with ``lowering`` the
+        steps from the reference on the lowered program's kernels, and in a repair session
+        each poor layer's cause."""
+        extra = (LOWERING_COLUMN,) if self.lowering is not None else ()
+        return COLOR_COLUMNS + extra + ((CAUSE_COLUMN,) if self.session is not None else ())
+
+    def apply(self, remedy: Any = None, **kwargs: Any) -> NumericDashboard:
+        """Apply a remedy in the repair session (:meth:`from_session`) and show the result.
+
+        Args:
+            remedy: None or ``"prescription"`` (the selected layer's prescription), a remedy
+                name as :meth:`RepairSession.apply <qviz.numeric.RepairSession.apply>` takes
+                it (``"per_channel"`` and ``"fallback"`` act on the selected layer unless
+                ``nodes=`` is given), or a Finding.
+            **kwargs: the remedy's own arguments (``iterations=``, ``alpha=``, ``nodes=``).
+        """
+        return self._guard(lambda: apply_remedy(self, remedy, kwargs))
+
+    def undo(self) -> NumericDashboard:
+        """Remove the repair session's last remedy; the model before it comes back."""
+        return self._guard(lambda: undo_remedy(self))
+
+    @property
+    def diagnosis(self) -> Any:
+        """The repair session's current :class:`~qviz.numeric.diagnose.Diagnosis` (None
+        outside a session)."""
+        return self.session.diagnosis if self.session is not None else None
+
+    def finding(self, node: str | None = None) -> Any:
+        """The diagnosis of ``node`` (default: the selected layer): its Finding, or None when
+        it is not poor or outside a repair session."""
+        node = node if node is not None else self.state.selected
+        found = self.diagnosis.for_node(node) if self.diagnosis is not None and node else ()
+        return found[0] if found else None
 
     def toggle_fallback(self, node: str | None = None) -> NumericDashboard:
         """Keep ``node`` (default: the selected layer) in float, or quantize it again.
@@ -292,21 +356,24 @@ class NumericDashboard(ViewOwner):
                 "layer details need the models and data: use NumericDashboard.from_models("
                 "float_model, quantized_model, data)"
             )
-        key = (self.state.fallback, node)
+        key = (self.state.fallback, self.state.builds, node)
         if key not in self._details:
-            self._details[key] = layer_detail(
-                self.float_model, self.quantized_model, node, self._sample
-            )
+            float_model = self.session.float_model if self.session is not None else self.float_model
+            self._details[key] = layer_detail(float_model, self.quantized_model, node, self._sample)
         return self._details[key]
 
     @property
     def report(self) -> Any:
         """The NumericReport of the current run."""
+        if self.session is not None:
+            return self.session.report
         return self._runs[self.state.fallback][1]
 
     @property
     def quantized_model(self) -> GraphModule | None:
         """The quantized model of the current run (None when not given)."""
+        if self.session is not None:
+            return self.session.quantized_model
         return self._runs[self.state.fallback][0]
 
     @property
@@ -356,6 +423,11 @@ class NumericDashboard(ViewOwner):
         node = node if node is not None else self.state.selected
         if node is None:
             raise ConfigError("toggle_fallback: no layer selected; pass a node name")
+        if self.session is not None:
+            raise ConfigError(
+                "in a repair session a fallback is a remedy: dash.apply('fallback') keeps the "
+                "selected layer in float, dash.undo() takes it back"
+            )
         if self.quantizer is None:
             raise ConfigError(
                 "fallback needs the quantizer: pass quantizer= (and the models and data) to "

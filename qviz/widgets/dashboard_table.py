@@ -1,5 +1,5 @@
 """The table of :class:`~qviz.widgets.dashboard.NumericDashboard`: its columns, which way each is
-better, its sort order, and the row of a layer kept in float.
+better, its sort order, the row of a layer kept in float, and its history's runs (:class:`Run`).
 
 Plain data and pure functions, shared by the dashboard (its state) and its view (the controls).
 
@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from qviz.errors import ConfigError
@@ -70,3 +71,20 @@ def sorted_rows(rows: list[dict[str, Any]], by: str, order: dict[str, int]) -> l
         return (1, 0.0) if math.isnan(v) else (0, sign * v)
 
     return sorted(rows, key=key)  # stable: graph order among equals
+
+
+@dataclass(frozen=True)
+class Run:
+    """One comparison of the model: which layers were in float, and the model's figures;
+    ``remedy`` names the repair step that made it (``"undo adaround"`` for an undo; ``""``
+    outside a repair session)."""
+
+    fallback: tuple[str, ...]
+    output_sqnr: float
+    metric: float | None
+    remedy: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"fallback": [...], "output_sqnr": dB, "metric": value or None, "remedy": ...}``."""
+        return {"fallback": list(self.fallback), "output_sqnr": self.output_sqnr,
+                "metric": self.metric, "remedy": self.remedy}  # fmt: skip

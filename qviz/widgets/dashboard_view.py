@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from torch.fx import GraphModule
 
 from qviz.errors import QvizError
+from qviz.widgets.dashboard_repair import CAUSE_COLUMN, REMEDY_CHOICES, finding_html
 from qviz.widgets.dashboard_table import HIGHER_IS_BETTER, LOWERING_COLUMN, SORT_COLUMNS
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.layout import figure_png, row, scrolling, split
@@ -59,10 +60,11 @@ def history_html(history: list[dict[str, Any]]) -> str:
     if not history:
         return ""
     first = history[0]
+    repair = any(run.get("remedy") for run in history)
     body = []
     for i, run in enumerate(history):
         style = ' style="font-weight:bold;background:#eef6ee"' if i == len(history) - 1 else ""
-        names = ", ".join(run["fallback"]) or "none (as given)"
+        names = (run.get("remedy") if repair else ", ".join(run["fallback"])) or "none (as given)"
         d_sqnr = run["output_sqnr"] - first["output_sqnr"]
         metric, d_metric = "", ""
         if run["metric"] is not None:
@@ -74,10 +76,8 @@ def history_html(history: list[dict[str, Any]]) -> str:
             f"<td>{run['output_sqnr']:.2f}</td><td>{d_sqnr:+.2f}</td>"
             f"<td>{metric}</td><td>{d_metric}</td></tr>"
         )
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("run", "layers in float (fallback)", "output SQNR dB", "Δ", "metric", "Δ")
-    )
+    change = "remedy" if repair else "layers in float (fallback)"
+    head = "".join(f"<th>{h}</th>" for h in ("run", change, "output SQNR dB", "Δ", "metric", "Δ"))
     last = history[-1]
     summary = (
         f"<div>before → after: output SQNR <b>{first['output_sqnr']:.2f} → "
@@ -97,6 +97,10 @@ class Dashboard(Protocol):
     quantizer: Any
     lowered: Any
     lowering: Any
+    session: Any
+
+    @property
+    def diagnosis(self) -> Any: ...
 
     @property
     def color_options(self) -> tuple[str, ...]: ...
@@ -123,6 +127,12 @@ class Dashboard(Protocol):
 
     def toggle_fallback(self, node: str | None = None) -> Any: ...
 
+    def finding(self, node: str | None = None) -> Any: ...
+
+    def apply(self, remedy: Any = None, **kwargs: Any) -> Any: ...
+
+    def undo(self) -> Any: ...
+
 
 class DashboardView:
     """The dashboard's controls, table, heatmap graph, layer detail and run history.
@@ -136,6 +146,8 @@ class DashboardView:
         graph: the :class:`~qviz.widgets.graph_widget.GraphWidget` (None without a graph).
         sort_by, color_by, rows, fallback, progress, history, status, detail, detail_note: the
             controls and outputs (``rows`` is the table, a Select of ``(label, node)``).
+        remedy, apply, undo, diagnosis: in a repair session (shown in place of the fallback
+            toggle): the remedy menu, its buttons, and the selected layer's diagnosis.
 
     Example:
         >>> from qviz.numeric import NumericReport
@@ -174,15 +186,24 @@ class DashboardView:
         self.history, self.status = w.HTML(), w.HTML()
         self.detail = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.detail_note = w.HTML()
+        self.remedy = w.Dropdown(options=list(REMEDY_CHOICES), description="remedy")
+        self.apply = w.Button(description="apply", icon="wrench", button_style="primary")
+        self.undo = w.Button(description="undo", icon="undo")
+        self.diagnosis = w.HTML()
         self._pane = FoldedGraph(on_select=self._clicked) if with_graph else None
         self.graph = self._pane.widget if self._pane is not None else None
         self._wire()
+        actions = (
+            [row([self.remedy, self.apply, self.undo]), self.diagnosis]
+            if dash.session is not None
+            else [row([self.fallback, self.progress])]
+        )
         panel = w.VBox(
             [
                 row([self.sort_by, self.color_by]),
                 self.header,
                 self.rows,
-                row([self.fallback, self.progress]),
+                *actions,
                 self.history,
                 self.status,
             ]
@@ -213,6 +234,12 @@ class DashboardView:
             self._syncing = False
         self.fallback.disabled = st.selected is None
         self.fallback.tooltip = "" if dash.quantizer else "fallback needs quantizer= (from_models)"
+        if dash.session is not None:
+            steps = dash.session.history
+            step = steps[-1] if steps else None
+            self.diagnosis.value = finding_html(st.selected, dash.finding(), step)
+            self.undo.disabled = not steps
+            self.undo.tooltip = f"undo {step.remedy}" if step else "no remedy applied"
         self._refresh_detail()
         self.history.value = history_html(dash.history)
         self.status.value = self._status()
@@ -232,6 +259,14 @@ class DashboardView:
         on(self.color_by, dash.color_by)
         on(self.rows, dash.select)
         on(self.fallback, lambda _: dash.toggle_fallback())
+        self.apply.on_click(lambda _: self._apply())
+        self.undo.on_click(lambda _: dash.undo())
+
+    def _apply(self) -> None:
+        """Say what runs (a rebuild takes seconds), then apply the chosen remedy."""
+        what = self.remedy.value
+        self.status.value = f'<div style="color:#555">applying {html.escape(what)} …</div>'
+        self._dash.apply(what)
 
     def _clicked(self, name: str) -> None:
         if not self._syncing:
@@ -270,7 +305,7 @@ class DashboardView:
         if self._pane is None:
             return
         st = self._dash.state
-        key = (st.fallback, st.color_by)
+        key = (st.fallback, st.builds, st.color_by)
         if key != self._graph_key:  # redraw (Graphviz) only when the model or the colours change
             self._graph_key = key
             self._pane.draw(self._dash.quantized_model, **graph_colours(self._dash, st))
@@ -278,7 +313,7 @@ class DashboardView:
 
     def _refresh_detail(self) -> None:
         st = self._dash.state
-        key = (st.fallback, st.selected)
+        key = (st.fallback, st.builds, st.selected)
         if st.selected is None:
             self.detail_note.value, self.detail.value = "<i>select a layer</i>", b""
             return
@@ -305,9 +340,12 @@ def graph_colours(dash: Any, st: Any) -> dict[str, Any]:
     on an absolute scale (0 dB red .. 50 dB green: after a fix, healthy layers stay green), or
     the lowering comparison's steps; the lowered program's kernels are marked on the model as
     given (a fallback run is another model, which was not lowered)."""
-    lowered = dash.lowered if not st.fallback else None
+    as_given = not st.fallback and not st.builds
+    lowered = dash.lowered if as_given else None
     if st.color_by == LOWERING_COLUMN:
-        return {"metrics": dash.lowering if not st.fallback else None, "lowered": lowered}
+        return {"metrics": dash.lowering if as_given else None, "lowered": lowered}
+    if st.color_by == CAUSE_COLUMN:
+        return {"metrics": dash.diagnosis, "metric_column": CAUSE_COLUMN, "lowered": lowered}
     return {
         "metrics": dash.report,
         "metric_column": st.color_by,

@@ -107,7 +107,12 @@ def test_fallback_restores_the_model_and_toggling_back_restores_the_plan(broken)
         dash.view.progress.value == dash.view.progress.max == 6
     )  # 3 calibration + 3 compare batches
     first, after = dash.history
-    assert first == {"fallback": [], "output_sqnr": report.output_sqnr, "metric": report.metric}
+    assert first == {
+        "fallback": [],
+        "output_sqnr": report.output_sqnr,
+        "metric": report.metric,
+        "remedy": "",
+    }
     assert after["fallback"] == ["conv2d_1"]
     assert after["output_sqnr"] > first["output_sqnr"] + 20.0
     assert after["metric"] >= first["metric"]
@@ -250,3 +255,61 @@ def test_the_lowering_error_beside_the_quantization_error(broken):
     other = qviz.lower(qviz.convert_pt2e(small), (x,), backend="onnxruntime")
     with pytest.raises(ConfigError, match=r"NumericDashboard\(lowered=\.\.\.\)"):
         NumericDashboard(report, quantized_model=quantized, lowered=other)
+
+
+@needs_dot
+def test_a_repair_session_dashboard_applies_the_prescription_and_undoes_it(broken):
+    """from_session: the broken layer's diagnosis with its prescription; "apply" rebuilds and
+    re-measures (the graph and table show the new model), "undo" brings back the same report
+    object; the graph colours by cause; the caller's float graph is never changed."""
+    from qviz.numeric import RepairSession
+    from qviz.numeric.diagnose_rules import CAUSE_COLOURS, Cause
+
+    gm, quantizer, data, _, _ = broken
+    before_state = {k: v.clone() for k, v in gm.state_dict().items()}
+    session = RepairSession(gm, quantizer, data, data, metric=agreement, progress=False)
+    dash = NumericDashboard.from_session(session)
+    assert "cause" in dash.color_options
+    assert dash.state.selected == "conv2d_1"  # the worst layer
+    finding = dash.finding()
+    assert finding.cause is Cause.OUTLIER_CHANNELS
+    view = dash.view
+    assert "outlier channels" in view.diagnosis.value
+    assert finding.prescription.action[:40] in view.diagnosis.value
+    baseline = session.report
+    dash.color_by("cause")
+    assert dash.error is None
+    assert "cause: outlier channels" in view.graph.svg
+    assert CAUSE_COLOURS[Cause.OUTLIER_CHANNELS] in view.graph.svg
+
+    dash.apply()  # the selected layer's prescription
+    assert dash.error is None and len(session.history) == 1
+    step = session.history[-1]
+    assert step.output_sqnr_after > step.output_sqnr_before + 10
+    assert dash.report is session.report is not baseline
+    assert dash.history[-1] == {"fallback": [], "output_sqnr": step.output_sqnr_after,
+                                "metric": step.metric_after, "remedy": step.remedy}  # fmt: skip
+    assert "after <b>override</b>" in view.diagnosis.value
+    local = session.report.df.set_index("node")["local_sqnr"]
+    row = next(r for r in dash.rows if r["node"] == "conv2d_1")  # the table shows the new model
+    assert (
+        row["local_sqnr"]
+        == local["conv2d_1"]
+        > baseline.df.set_index("node")["local_sqnr"]["conv2d_1"]
+    )
+    assert [v for _, v in view.rows.options] == [r["node"] for r in dash.rows]
+    assert view.rows.value == dash.state.selected
+
+    dash.undo()
+    assert dash.error is None and dash.report is baseline and not session.history
+    assert [r["remedy"] for r in dash.history] == ["", "override", "undo override"]
+    assert dash.history[-1]["output_sqnr"] == dash.history[0]["output_sqnr"]
+    dash.undo()
+    assert "no remedy" in dash.error and len(dash.history) == 3
+    dash.toggle_fallback()
+    assert "apply('fallback')" in dash.error
+    dash.apply("fallback")
+    assert dash.error is None and "conv2d_1" not in set(session.report.df["node"])
+    assert dash.state.selected in set(session.report.df["node"])  # moved to a layer it has
+    for key, value in gm.state_dict().items():
+        assert torch.equal(value, before_state[key]), key
