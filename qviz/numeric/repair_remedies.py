@@ -15,8 +15,10 @@ adaround                  converted   ``adaround(converted, float_gm, calibratio
 
 A finding of :func:`qviz.numeric.diagnose` names its remedy by the qviz function of its
 prescription; :func:`remedy_of` turns it into a :class:`Remedy`. The repair transforms act on
-the whole model, so the node scope a prescription gives them (``pairs``, ``nodes``) is kept in
-:attr:`Remedy.scope` for people and not passed on.
+the whole model (equalization and SmoothQuant rescale every pair and producer they can, bias
+correction corrects every layer in order), so the node scope a prescription gives them
+(``pairs``, ``nodes``) is kept in :attr:`Remedy.scope` for people and not passed on; AdaRound's
+is passed on (``nodes=``: only the layer the finding named is rounded).
 
 Example:
     >>> Remedy("fallback", (("nodes", ("relu",)),)).stage
@@ -177,6 +179,9 @@ def _from_prescription(
         return name, {"nodes": given["nodes_or_module_names"], **kwargs}, ()
     if name == "override":
         return name, {"overrides": given["overrides"], **kwargs}, ()
+    if name == "adaround" and "nodes" in given:  # the layer the finding named
+        nodes = tuple(given["nodes"])
+        return name, {"nodes": nodes, **kwargs}, nodes
     scope: list[str] = []
     for value in given.values():  # ``pairs`` or ``nodes``: names, or tuples of names
         for item in value:

@@ -189,3 +189,22 @@ def test_views(session):
     assert f"{step.output_sqnr_after:.4g}" in html and f"{step.delta:+.2f}" in html
     assert "cross_layer_equalization" in repr(session) and "RepairStep(" in repr(step)
     assert set(step.df.columns) >= {"local_delta", "cumulative_delta"}
+
+
+def test_an_adaround_prescription_rounds_only_its_layer(planted, session):
+    """AdaRound from a finding acts on the layer the finding named (its ``nodes``), as
+    ``adaround(..., nodes=...)`` run by hand on the same converted model does."""
+    from qviz.engine.repair import adaround
+    from qviz.numeric.diagnose_rules import Prescription
+
+    gm, calibration, _ = planted
+    prescription = Prescription(
+        "learn the rounding of linear_1", "qviz.engine.repair.adaround", (("nodes", ("linear_1",)),)
+    )
+    converted = session.quantized_model
+    step = session.apply(prescription, iterations=30)
+    assert step.remedy == "adaround" and step.scope == ("linear_1",)
+    assert [r.nodes for r in step.transforms] == [("linear_1",)]
+    by_hand = adaround(converted, gm, calibration, iterations=30, nodes="linear_1", progress=False)
+    for key, value in by_hand.state_dict().items():
+        assert torch.equal(session.quantized_model.state_dict()[key], value), key

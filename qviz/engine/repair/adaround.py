@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ from qviz.engine.pt2e.passes.bn_fold import (
 )
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.engine.repair.adaround_optim import AdaRoundSettings, learn_rounding, reconstruction_loss
-from qviz.errors import CalibrationError, ConfigError
+from qviz.errors import CalibrationError, ConfigError, closest_names
 
 _RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
 
@@ -201,12 +202,31 @@ def _float_twins(float_gm: GraphModule) -> tuple[GraphModule, dict[int, Node]]:
     return fgm, {handle(n): n for n in fgm.graph.nodes if handle(n) is not None}
 
 
-def _layers(out: GraphModule, float_gm: GraphModule) -> tuple[GraphModule, list[_Layer]]:
-    """The folded float graph and the layers of ``out`` to round, in graph order; the others
-    are named, with why, in one warning."""
+def _wanted(out: GraphModule, nodes: str | Sequence[str] | None) -> set[str] | None:
+    """The conv / linear node names ``nodes`` asks for (None: every one), checked."""
+    if nodes is None:
+        return None
+    names = {nodes} if isinstance(nodes, str) else set(nodes)
+    layers = [n.name for n in out.graph.nodes if n.target in CONV_OPS | LINEAR_OPS]
+    missing = sorted(names - set(layers))
+    if missing:
+        raise ConfigError(
+            f"adaround(nodes=...): {missing[0]!r} is not a conv / linear of the converted model "
+            f"({closest_names(missing[0], layers)}; its layers: {layers[:12]})"
+        )
+    return names
+
+
+def _layers(
+    out: GraphModule, float_gm: GraphModule, wanted: set[str] | None
+) -> tuple[GraphModule, list[_Layer]]:
+    """The folded float graph and the layers of ``out`` to round (``wanted``, or all), in
+    graph order; the others are named, with why, in one warning."""
     fgm, twins = _float_twins(float_gm)
     layers, skipped = [], []
     for node in out.graph.nodes:
+        if wanted is not None and node.name not in wanted:
+            continue
         if node.op == "call_function" and node.target in CONV_OPS | LINEAR_OPS:
             found = _layer(out, node, twins)
             if isinstance(found, _Layer):
@@ -304,6 +324,7 @@ def adaround(
     batch_size: int = 32,
     lr: float = 1e-2,
     seed: int = 0,
+    nodes: str | Sequence[str] | None = None,
     progress: bool = True,
 ) -> GraphModule:
     """AdaRound: each quantized conv / linear's weights rounded up or down as learned, on a copy.
@@ -317,6 +338,8 @@ def adaround(
             (annealed from the first to the second) and the share of iterations before it starts.
         batch_size, lr, seed, progress: samples per iteration, Adam's learning rate on ``V``,
             the sample order (deterministic given it), a progress bar over the layers.
+        nodes: round only these conv / linear nodes of ``converted`` (a layer a diagnosis
+            named); None: every quantized one.
 
     Returns:
         A copy of ``converted``: its int weights each ``floor`` or ``ceil`` of ``w / scale`` (the
@@ -344,9 +367,10 @@ def adaround(
         lr=lr,
         seed=seed,
     )
+    wanted = _wanted(converted, nodes)
     batches = _bound(converted, data)
     out = copy.deepcopy(converted)
-    fgm, layers = _layers(out, float_gm)
+    fgm, layers = _layers(out, float_gm, wanted)
     from tqdm.auto import tqdm
 
     for layer in tqdm(layers, desc="adaround", disable=not progress):

@@ -207,3 +207,18 @@ def test_in_place_ops_after_a_layer_do_not_change_its_target():
         chosen.append(sorted(_int_weights(out).items()))
     assert [k for k, _ in chosen[0]] == [k for k, _ in chosen[1]]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(*chosen, strict=True))
+
+
+def test_nodes_rounds_only_the_named_layer():
+    """``nodes=``: the layer a diagnosis named is rounded, the others keep nearest rounding."""
+    model, data = _convnet()
+    gm, converted = _convert(model, data, qmax=3)
+    before = _int_weights(converted)
+    out = adaround(converted, gm, data, iterations=150, nodes="linear", progress=False)
+    after = _int_weights(out)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    linear_dq = next(n for n in out.graph.nodes if n.name == "linear").args[1]
+    assert changed == {str(linear_dq.args[0].target)}
+    assert [r.nodes for r in out.plan.transforms] == [("linear",)]
+    with pytest.raises(ConfigError, match="'conv2d_9' is not a conv / linear"):
+        adaround(converted, gm, data, iterations=5, nodes=["conv2d_9"], progress=False)
