@@ -341,8 +341,11 @@ def _zero_shares(ctx: Context, rec: TensorRecord) -> tuple[float, float, float, 
     if isinstance(counts, torch.Tensor) and float(counts.sum()) > 0 and high > low:
         edges = torch.linspace(low, high, counts.numel() + 1, dtype=torch.float64)
         after = 1.0 - histogram_clipped_fraction(counts, edges, -scale / 2, scale / 2)[0]
-    else:
-        after = 1.0 if max_abs < scale / 2 else 0.0
+        # zero before: within a bin of 0 (a ReLU's exact zeros), which the histogram can't split
+        near = min(float(edges[1] - edges[0]), scale / 2)
+        before = 1.0 - histogram_clipped_fraction(counts, edges, -near, near)[0]
+        return before, after, scale, max_abs
+    after = 1.0 if max_abs < scale / 2 else 0.0
     return (1.0 if max_abs == 0 else 0.0), after, scale, max_abs
 
 

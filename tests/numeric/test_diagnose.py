@@ -281,3 +281,25 @@ def test_the_graph_colours_each_poor_layer_by_its_cause():
         assert f"cause: {cause.value}" in g.dot and CAUSE_COLOURS[cause] in g.dot
     with pytest.raises(ConfigError, match="graph_categories"):
         strict.graph_categories("severity")
+
+
+def test_a_relus_exact_zeros_are_not_a_degenerate_range():
+    """Half of a ReLU's outputs are exactly 0 before quantizing: rounding them to 0 loses
+    nothing, so the layer that reads them is not 'degenerate' (its input's zeros before are
+    the histogram's share within a bin of 0, not 0)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    data = [torch.randn(64, 16) for _ in range(3)]
+    _, prepared, _, report, _ = _run(model, data)
+    strict = diagnose(report, prepared, data=data, threshold_db=200.0)  # every layer is poor
+    with torch.no_grad():
+        exact = float(torch.cat([model[1](model[0](x)) for x in data]).eq(0).double().mean())
+    assert 0.3 < exact < 0.7
+    assert all(f.cause is not Cause.DEGENERATE for f in strict), strict.df.to_string()
+    from qviz.numeric.diagnose_rules import Context, _zero_shares
+
+    ctx = Context({}, prepared, prepared.plan, 200.0, 10.0)
+    rec = next(r for r in ctx.records("linear_1") if r.tensor.consumer == "linear_1"
+               and r.tensor.producer == "relu")  # fmt: skip
+    before, after, _, _ = _zero_shares(ctx, rec)
+    assert before == pytest.approx(exact, abs=0.02) and after - before < 0.05
