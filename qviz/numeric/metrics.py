@@ -106,8 +106,8 @@ def histogram_clipped_fraction(
         >>> histogram_clipped_fraction(counts, edges, -1.0, 1.5)
         (0.25, 0.0, 0.5)
     """
-    counts = counts.detach().double().reshape(-1)
-    edges = edges.detach().double().reshape(-1)
+    counts = counts.detach().cpu().double().reshape(-1)  # an observer's, on the model's device
+    edges = edges.detach().cpu().double().reshape(-1)
     total = float(counts.sum())
     if total <= 0:
         return 0.0, 0.0, 0.0

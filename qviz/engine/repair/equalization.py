@@ -274,7 +274,7 @@ def _block_diagonal(layer: _Layer) -> torch.Tensor:
     if g == 1:
         return w
     out, per_group = w.shape
-    full = torch.zeros(out, per_group * g, dtype=w.dtype)
+    full = torch.zeros(out, per_group * g, dtype=w.dtype, device=w.device)
     for k in range(g):
         rows = slice(k * out // g, (k + 1) * out // g)
         full[rows, k * per_group : (k + 1) * per_group] = w[rows]
@@ -361,8 +361,10 @@ def _fold_keeping_statistics(out: GraphModule) -> dict[str, tuple[torch.Tensor, 
             for a in bn.args[1:3]
         )
         if channels is not None and isinstance(conv, Node):
-            gamma = torch.ones(channels, dtype=torch.float64) if gamma is None else gamma
-            beta = torch.zeros(channels, dtype=torch.float64) if beta is None else beta
+            like = gamma if gamma is not None else beta  # the model's device
+            kw = {"dtype": torch.float64, "device": None if like is None else like.device}
+            gamma = torch.ones(channels, **kw) if gamma is None else gamma
+            beta = torch.zeros(channels, **kw) if beta is None else beta
             bn_stats[conv.name] = (gamma, beta)
     fold_batch_norm(out)
     for node in out.graph.nodes:  # the folded conv is this graph's own operator now: a model
@@ -391,7 +393,9 @@ def _layers_and_pairs(out: GraphModule, found: list) -> tuple[dict[Node, _Layer]
 
     pairs = [_Pair(layer(a), layer(b), act) for a, b, act in found]
     for p in pairs:
-        p.scale = torch.ones(p.first.weight.shape[0], dtype=torch.float64)
+        p.scale = torch.ones(
+            p.first.weight.shape[0], dtype=torch.float64, device=p.first.weight.device
+        )
         p.r1_before, p.r2_before = _output_ranges(p.first), _input_ranges(p.second)
     return layers, pairs
 
