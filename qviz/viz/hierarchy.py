@@ -3,8 +3,8 @@
 Each op carries the innermost module path it came from (``nn_module_stack``), e.g.
 ``layer1.0.conv1``. Collapsing merges every op under a module path into one box labelled with
 the path and its op count; observer markers between two ops of the same box disappear with them.
-A collapsed box carries the lowest (worst) metric value of its members, and says how many of its
-ops were left in float.
+A collapsed box carries the lowest (worst) metric value of its members (or, coloured by class, the
+classes of its members), and says how many of its ops were left in float.
 
 Example:
     >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
@@ -129,8 +129,9 @@ def collapse(
 
 
 def _box(box: ViewNode, inside: list[ViewNode], higher_is_better: bool) -> ViewNode:
-    """A collapsed box for the nodes ``inside`` it: their op count, their worst metric value,
-    the ops left in float, and the kernels a lowered program runs them on (float if any is)."""
+    """A collapsed box for the nodes ``inside`` it: their op count, their worst metric value
+    (or their classes), the ops left in float, and the kernels a lowered program runs them on
+    (float if any is)."""
     count = sum(n.count for n in inside if n.kind != "marker")
     values = [n.value for n in inside if n.value is not None]
     value = (max(values) if not higher_is_better else min(values)) if values else None
@@ -154,8 +155,18 @@ def _box(box: ViewNode, inside: list[ViewNode], higher_is_better: bool) -> ViewN
             tooltip = f"float kernels: {names}\\n{tooltip}".rstrip("\\n")
     return replace(
         box, detail=detail, tooltip=tooltip, count=count, value=value, kernel=kernel,
-        kernel_op=kernel_op,
+        kernel_op=kernel_op, category=_box_category(inside),
     )  # fmt: skip
+
+
+def _box_category(inside: list[ViewNode]) -> tuple[str, str] | None:
+    """The classes of a box's members (``graph(metrics=diagnosis, metric_column="cause")``):
+    their names in graph order, in the colour of the first, so a box never hides a finding."""
+    found = [n.category for n in inside if n.category is not None]
+    if not found:
+        return None
+    names = list(dict.fromkeys(name for name, _ in found))
+    return ", ".join(names), found[0][1]
 
 
 def _merge_edges(view: GraphView, rep: dict[str, str]) -> tuple[ViewEdge, ...]:

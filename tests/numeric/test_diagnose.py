@@ -279,6 +279,9 @@ def test_the_graph_colours_each_poor_layer_by_its_cause():
     assert all(n.value is None for n in g.view.nodes)  # classes, not a heat map
     for cause in set(causes.values()):
         assert f"cause: {cause.value}" in g.dot and CAUSE_COLOURS[cause] in g.dot
+    boxes = qviz.viz.graph(converted, metrics=strict, metric_column="cause", collapse=1).view
+    c2 = next(n for n in boxes.nodes if n.kind == "collapsed" and n.label == "c2")
+    assert c2.category == (causes["conv2d_1"].value, CAUSE_COLOURS[causes["conv2d_1"]])
     with pytest.raises(ConfigError, match="graph_categories"):
         strict.graph_categories("severity")
 
