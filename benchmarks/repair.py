@@ -25,7 +25,10 @@ per tensor; all six by default).
 Every row gives the seconds its remedy took (for QAT: the training; for AIMET: its whole flow,
 import excluded). For each model and setting the top 3 findings of
 ``qviz.numeric.diagnose`` on the plain PTQ model are printed (node, cause, layer SQNR and the
-prescribed function), to check whether the diagnosis points at the remedy that helped most.
+prescribed function), to check whether the diagnosis points at the remedy that helped most, and
+the row "diagnosis' prescription" applies the worst finding's prescription through a
+``RepairSession`` (diagnosed on the calibration batches); per-tensor settings also get a
+"per-channel weights" row.
 The CPU and its int8 flags are printed first.
 """
 
@@ -46,6 +49,7 @@ import qviz
 from qviz.data import digits_loaders, digits_model, evaluate
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair import adaround, bias_correction, cross_layer_equalization, smooth_quant
+from qviz.numeric import RepairSession
 
 PARTS = ("digits", "torchvision", "encoder")
 DIGITS_ITERATIONS, VISION_ITERATIONS = 300, 50
@@ -100,6 +104,30 @@ def _ptq(gm, config, calib: list) -> tuple[Any, Any]:
     return prepared, qviz.convert_pt2e(prepared)
 
 
+def _prescribed(gm, config, calib: list, iterations: int) -> tuple[str, Any, float]:
+    """The worst finding's prescription applied by a RepairSession (diagnosed on the
+    calibration batches, never the test split): its label, the model, the seconds it took."""
+    q = XNNPACKQuantizer().set_global(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = RepairSession(gm, q, calib, calib, progress=False)
+        if not session.diagnosis.findings:
+            return "diagnosis' prescription: none", session.quantized_model, 0.0
+        worst = session.diagnosis.findings[0]
+        adaround_it = worst.prescription.function.endswith("adaround")
+        kwargs = {"iterations": iterations} if adaround_it else {}
+        step = session.apply(worst, **kwargs)
+    label = f"diagnosis' prescription ({step.remedy}, {worst.node})"
+    return label, session.quantized_model, step.seconds
+
+
+def _per_channel_row(gm, bits: int, per_channel: bool, calib: list, measure) -> list[tuple]:
+    """Per-channel weights at the same bit width, for a per-tensor setting."""
+    if per_channel:
+        return []
+    return [("per-channel weights", *measure(_ptq(gm, _config(bits, True), calib)[1]), None)]
+
+
 def _diagnosis(gm, prepared, converted, calib: list, top: int = 3) -> list[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -118,10 +146,10 @@ def _diagnosis(gm, prepared, converted, calib: list, top: int = 3) -> list[str]:
 
 def _table(title: str, rows: list[tuple], with_accuracy: bool) -> None:
     print(f"\n  {title}")
-    head = f"    {'method':<34}" + (f"{'acc %':>8}" if with_accuracy else "")
+    head = f"    {'method':<52}" + (f"{'acc %':>8}" if with_accuracy else "")
     print(head + f"{'SQNR dB':>9}{'s':>8}")
     for name, acc, db, seconds in rows:
-        line = f"    {name:<34}"
+        line = f"    {name:<52}"
         if with_accuracy:
             line += f"{100 * acc:8.2f}" if acc is not None else f"{'':>8}"
         line += f"{db:9.2f}" if db is not None else f"{'-':>9}"
@@ -264,6 +292,9 @@ def _digits_setting(bits, per_channel, model, gm, cle, loaders, calib, measure) 
     rows.append((f"AIMET AdaRound ({it} it)", *measure(ada), a_s))
     qat, qat_s = _timed(lambda: _qat(bits, per_channel, inputs[0], loaders))
     rows.append(("QAT (2 epochs)", *measure(qat), qat_s))
+    rows += _per_channel_row(gm, bits, per_channel, calib, measure)
+    label, fixed, fixed_s = _prescribed(gm, cfg, calib, it)
+    rows.append((label, *measure(fixed), fixed_s))
     gran = "per-channel" if per_channel else "per-tensor"
     _table(f"digits, W{bits} {gran} A8", rows, with_accuracy=True)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
@@ -328,7 +359,10 @@ def _vision_setting(name, bits, per_channel, ctx) -> None:
         ("AIMET sim, nearest", *db(near), None),
         (f"AIMET AdaRound ({it} it)", *db(a_ada), a_s),
         ("qviz CLE + bias correction", *db(cle_bc), cle_s + bc_s),
+        *_per_channel_row(gm, bits, per_channel, calib, db),
     ]
+    label, fixed, fixed_s = _prescribed(gm, cfg, calib, it)
+    rows.append((label, *db(fixed), fixed_s))
     gran = "per-channel" if per_channel else "per-tensor"
     _table(f"{name}, W{bits} {gran} A8", rows, with_accuracy=False)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
@@ -418,6 +452,8 @@ def run_encoder() -> None:
                 s,
             )
         )
+    label, fixed, fixed_s = _prescribed(gm, cfg, calib, DIGITS_ITERATIONS)
+    rows.append((label, None, _sqnr(reference, fixed, test), fixed_s))
     _table("encoder, W8A8 per-tensor", rows, with_accuracy=False)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
 
