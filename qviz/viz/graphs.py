@@ -302,10 +302,8 @@ def graph(
             SQNR): ``{node_name: float}``, a DataFrame with a ``"node"`` column, a report
             (``.df``), or a lowering comparison (steps from the reference, fewer is green); a
             collapsed box shows its lowest value; another model's record is refused.
-        metric_column: the DataFrame column to draw (default: its first numeric column); for a
-            mapping, the name the legend and boxes give the values. With a diagnosis
-            (:func:`qviz.numeric.diagnose`), ``"cause"`` colours each poor layer by its cause
-            (one colour per cause, listed in the legend) instead of its severity.
+        metric_column: the DataFrame column to draw (default: its first numeric column), a
+            mapping's name; ``"cause"`` colours a diagnosis's poor layers by their causes.
         metric_range: ``(low, high)`` for the colour scale, so that several drawings compare
             (default: the values' min..max; values outside are clamped to the ends).
         higher_is_better: green for high values (SQNR, the default); False for errors (MSE).

@@ -358,15 +358,9 @@ def adaround(
     """
     check_stage(converted, Stage.CONVERTED, where="adaround", arg="converted")
     check_stage(float_gm, Stage.FLOAT, where="adaround", arg="float_gm", exported=True)
-    settings = AdaRoundSettings(
-        iterations=iterations,
-        reg_param=reg_param,
-        beta_range=tuple(beta_range),
-        warm_start=warm_start,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-    )
+    settings = AdaRoundSettings(iterations=iterations, reg_param=reg_param,
+                                beta_range=tuple(beta_range), warm_start=warm_start,
+                                batch_size=batch_size, lr=lr, seed=seed)  # fmt: skip
     wanted = _wanted(converted, nodes)
     batches = _bound(converted, data)
     out = copy.deepcopy(converted)
