@@ -36,6 +36,16 @@ def _shot(page: Any, path: Path) -> None:
     page.locator(".jp-Cell-outputArea").first.screenshot(path=path)
 
 
+def _click(page: Any, button: str, rows: int) -> list[list[str]]:
+    """Click ``button``, wait until the history has ``rows`` rows (its header included)."""
+    page.get_by_role("button", name=button).click()
+    page.wait_for_function(
+        f"() => document.querySelectorAll('table.qviz-dash-history tr').length >= {rows}",
+        timeout=90_000,
+    )
+    return _history(page)
+
+
 def test_apply_and_undo_a_prescription_in_the_browser(lab: Any, screenshots: Path) -> None:
     page = lab.open_notebook([SESSION])
     page.locator(".qviz-graph svg g.node").first.wait_for(timeout=60_000)
@@ -52,23 +62,13 @@ def test_apply_and_undo_a_prescription_in_the_browser(lab: Any, screenshots: Pat
     )
     _shot(page, screenshots / "repair-dashboard-before.png")
 
-    page.get_by_role("button", name="apply").click()
-    page.wait_for_function(
-        "() => document.querySelectorAll('table.qviz-dash-history tr').length >= 3",
-        timeout=90_000,
-    )
-    rows = _history(page)
+    rows = _click(page, "apply", 3)
     assert rows[1][1] == "override"
     assert float(rows[1][2]) > float(rows[0][2]) + 10  # output SQNR, dB
     page.locator("text=after override").first.wait_for(timeout=10_000)
     _shot(page, screenshots / "repair-dashboard-after.png")
 
-    page.get_by_role("button", name="undo").click()
-    page.wait_for_function(
-        "() => document.querySelectorAll('table.qviz-dash-history tr').length >= 4",
-        timeout=60_000,
-    )
-    rows = _history(page)
+    rows = _click(page, "undo", 4)
     assert rows[2][1] == "undo override" and rows[2][2] == rows[0][2]
     assert lab.kernel_json(page, "len(session.history)") == 0
     _shot(page, screenshots / "repair-dashboard-undo.png")
