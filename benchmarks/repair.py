@@ -29,7 +29,8 @@ prescribed function), to check whether the diagnosis points at the remedy that h
 the row "diagnosis' prescription" applies the worst finding's prescription through a
 ``RepairSession`` (diagnosed on the calibration batches); per-tensor settings also get a
 "per-channel weights" row.
-The CPU and its int8 flags are printed first.
+qviz's AdaRound draws as many samples per iteration as AIMET's (one calibration batch), so
+their times compare. The CPU and its int8 flags are printed first.
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ def _ptq(gm, config, calib: list) -> tuple[Any, Any]:
     return prepared, qviz.convert_pt2e(prepared)
 
 
+def _per_step(calib: list) -> int:
+    """Samples per AdaRound iteration: one calibration batch, as AIMET's AdaRound draws."""
+    first = calib[0]
+    return len(first[0] if isinstance(first, tuple | list) else first)
+
+
+def _adaround(converted, float_gm, calib: list, iterations: int):
+    batch = _per_step(calib)
+    return adaround(converted, float_gm, calib, iterations=iterations, batch_size=batch,
+                    progress=False)  # fmt: skip
+
+
 def _prescribed(gm, config, calib: list, iterations: int) -> tuple[str, Any, float]:
     """The worst finding's prescription applied by a RepairSession (diagnosed on the
     calibration batches, never the test split): its label, the model, the seconds it took."""
@@ -115,7 +128,7 @@ def _prescribed(gm, config, calib: list, iterations: int) -> tuple[str, Any, flo
             return "diagnosis' prescription: none", session.quantized_model, 0.0
         worst = session.diagnosis.findings[0]
         adaround_it = worst.prescription.function.endswith("adaround")
-        kwargs = {"iterations": iterations} if adaround_it else {}
+        kwargs = {"iterations": iterations, "batch_size": _per_step(calib)} if adaround_it else {}
         step = session.apply(worst, **kwargs)
     label = f"diagnosis' prescription ({step.remedy}, {worst.node})"
     return label, session.quantized_model, step.seconds
@@ -261,10 +274,10 @@ def _digits_qviz_rows(gm, cle_gm, cle_s, cfg, calib, measure) -> tuple[list, Any
     _, cle = _ptq(cle_gm, cfg, calib)
     it = DIGITS_ITERATIONS
     bc, bc_s = _timed(lambda: bias_correction(ptq, gm, calib))
-    ada, ada_s = _timed(lambda: adaround(ptq, gm, calib, iterations=it, progress=False))
+    ada, ada_s = _timed(lambda: _adaround(ptq, gm, calib, it))
     ada_bc, ada_bc_s = _timed(lambda: bias_correction(ada, gm, calib))
     cle_bc, cle_bc_s = _timed(lambda: bias_correction(cle, cle_gm, calib))
-    cle_ada, cle_ada_s = _timed(lambda: adaround(cle, cle_gm, calib, iterations=it, progress=False))
+    cle_ada, cle_ada_s = _timed(lambda: _adaround(cle, cle_gm, calib, it))
     rows = [
         ("PTQ (nearest)", *measure(ptq), None),
         ("CLE", *measure(cle), cle_s),
@@ -347,7 +360,7 @@ def _vision_setting(name, bits, per_channel, ctx) -> None:
     prepared, ptq = _ptq(gm, cfg, calib)
     _, cle = _ptq(cle_gm, cfg, calib)
     _, aimet_cle = _ptq(aimet_gm, cfg, calib)
-    ada, ada_s = _timed(lambda: adaround(ptq, gm, calib, iterations=it, progress=False))
+    ada, ada_s = _timed(lambda: _adaround(ptq, gm, calib, it))
     (near, a_ada), a_s = _timed(lambda: _aimet_adaround(model, shape, calib, bits, per_channel, it))
     cle_bc, bc_s = _timed(lambda: bias_correction(cle, cle_gm, calib))
     db = lambda m: (None, _sqnr(reference, m, test))  # noqa: E731
