@@ -12,13 +12,14 @@ comparison:
 
 Each slice's SQNR is ``10 log10(sum(ref^2) / sum((ref - test)^2))`` over the slice in every batch;
 a slice with almost no signal is skipped: under ``MIN_SIGNAL_SHARE`` (1 %) of the median
-slice's signal energy, as a channel a ReLU leaves nearly dead (the median, not the mean: where
-one token sets the range and the others starve, the others are the ones to show). Such a slice
-cannot carry a tensor's error to the layers after it (its few small values round to zero on a
-grid sized for the other slices, so its own SQNR is near 0 dB whatever the grid), and ranking
-it worst would hide the slices that matter. The per-slice sums are
-exact (:class:`ExactVector`), so shards merge into one process's figures bit for bit, as the
-report's other sums do.
+signal energy of the slices that have any, as a channel a ReLU leaves nearly dead (the median,
+not the mean: where one token sets the range and the others starve, the others are the ones to
+show; of the live slices: in a random-weight MobileNet over half a ReLU6's channels are dead).
+Such a slice cannot carry a tensor's error to the layers after it (its few small values round
+to zero on a grid sized for the other slices, so its own SQNR is near 0 dB whatever the grid),
+and ranking it worst would hide the slices that matter. The per-slice sums are exact
+(:class:`ExactVector`), so shards merge into one process's figures bit for bit, as the report's
+other sums do.
 
 Example:
     >>> import torch
@@ -175,7 +176,8 @@ class SliceStats:
         if not self.valid or not values or not n:
             return math.nan, -1
         worst, index = math.inf, -1
-        floor = MIN_SIGNAL_SHARE * sorted(values[:n])[(n - 1) // 2]
+        live = sorted(v for v in values[:n] if v > 0.0)  # dead slices do not set the median
+        floor = MIN_SIGNAL_SHARE * live[(len(live) - 1) // 2] if live else 0.0
         for i, (signal, noise) in enumerate(zip(values[:n], values[n : 2 * n], strict=True)):
             if signal <= 0.0 or signal < floor:
                 continue

@@ -252,8 +252,9 @@ def test_a_nearly_dead_channel_is_not_ranked_as_the_worst_slice():
     from qviz.numeric.slices import SliceStats
 
     gen = torch.Generator().manual_seed(0)
-    ref = torch.randn(64, 8, generator=gen, dtype=torch.float64).abs()
+    ref = torch.randn(64, 16, generator=gen, dtype=torch.float64).abs()
     ref[:, 3] *= 1e-3  # nearly dead: 1e-6 of the others' energy
+    ref[:, 8:] = 0  # half the channels dead (no signal): they do not lower the median
     test = ref.clone()
     test[:, 3] = 0  # rounds to zero: 0 dB on its own
     test[:, 5] += 0.1 * ref[:, 5]  # a live channel 20 dB down
