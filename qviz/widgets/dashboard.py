@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -383,8 +384,13 @@ class NumericDashboard(ViewOwner):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """The table in its sort order: the report's rows, plus one per layer in float."""
+        """The table in its sort order: the report's rows, plus one per layer in float; in a
+        repair session after a remedy, each row's ``cumulative_delta`` (dB) by that remedy."""
         rows = [dict(r, fallback=False) for r in self.report.df.to_dict("records")]
+        if self.session is not None and self.session.history:  # the last remedy's change
+            step = self.session.history[-1]
+            delta = dict(zip(step.df["node"], step.df["cumulative_delta"], strict=True))
+            rows = [dict(r, cumulative_delta=float(delta.get(r["node"], math.nan))) for r in rows]
         base = {str(r["node"]): r for r in self._base.df.to_dict("records")}
         for name in self.state.fallback:
             rows.append(float_row(base.get(name, {"node": name})))

@@ -43,16 +43,33 @@ def row_label(row: dict[str, Any]) -> str:
     if row.get("fallback"):
         return f"{head}  in float (fallback)"
     cols = (row.get("local_sqnr"), row.get("cumulative_sqnr"), row.get("weight_sqnr"))
-    return head + "".join(f"{_num(v):>8}" for v in cols)
+    if "cumulative_delta" not in row:
+        return head + "".join(f"{_num(v):>8}" for v in cols)
+    # in a repair session, after a remedy: one more column, the others narrower to fit
+    v = row["cumulative_delta"]
+    change = "-" if not isinstance(v, float) or math.isnan(v) else f"{v:+.2f}"
+    head = f"{str(row['node'])[:18]:<18} {str(row.get('op', ''))[:10]:<10}"
+    return head + "".join(f"{_num(v):>7}" for v in cols) + f"{change:>7}"
 
 
 _HEADER = f"{'node':<20} {'op':<12}{'local':>8}{'cumul.':>8}{'weight':>8}"
+#: The header with the change column a repair session's table adds after a remedy.
+_HEADER_DELTA = f"{'node':<18} {'op':<10}{'local':>7}{'cumul.':>7}{'weight':>7}{'Δcumul':>7}"
 _CAPTION = (
     "SQNR in dB (higher is better): <b>local</b> with this layer alone quantized, "
     "<b>cumul.</b> with every layer up to it quantized, <b>weight</b> of its weight"
 )
+_CAPTION_DELTA = _CAPTION + ", <b>Δcumul</b> the change of cumul. by the last remedy"
 #: The colour scale of SQNR columns, dB.
 _SQNR_SCALE = (0.0, 50.0)
+
+
+def _header(delta: bool) -> str:
+    caption, header = (_CAPTION_DELTA, _HEADER_DELTA) if delta else (_CAPTION, _HEADER)
+    return (
+        f'{_STYLE}<div style="color:#555;font-size:12px">{caption}</div>'
+        f'<div class="qviz-dash-mono">{html.escape(header)}</div>'
+    )
 
 
 def history_html(history: list[dict[str, Any]]) -> str:
@@ -173,10 +190,7 @@ class DashboardView:
         self.color_by = w.Dropdown(
             options=list(dash.color_options), value=st.color_by, description="colour by"
         )
-        self.header = w.HTML(
-            f'{_STYLE}<div style="color:#555;font-size:12px">{_CAPTION}</div>'
-            f'<div class="qviz-dash-mono">{html.escape(_HEADER)}</div>'
-        )
+        self.header = w.HTML(_header(delta=False))
         self.rows = w.Select(options=[], rows=12, layout=w.Layout(width="100%"))
         self.rows.add_class("qviz-dash-rows")
         self.fallback = w.ToggleButton(
@@ -237,6 +251,7 @@ class DashboardView:
         if dash.session is not None:
             steps = dash.session.history
             step = steps[-1] if steps else None
+            self.header.value = _header(delta=step is not None)
             self.diagnosis.value = finding_html(st.selected, dash.finding(), step)
             self.undo.disabled = not steps
             self.undo.tooltip = f"undo {step.remedy}" if step else "no remedy applied"

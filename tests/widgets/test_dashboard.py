@@ -298,10 +298,15 @@ def test_a_repair_session_dashboard_applies_the_prescription_and_undoes_it(broke
         > baseline.df.set_index("node")["local_sqnr"]["conv2d_1"]
     )
     assert [v for _, v in view.rows.options] == [r["node"] for r in dash.rows]
+    delta = step.df.set_index("node")["cumulative_delta"]["conv2d_1"]
+    assert row["cumulative_delta"] == delta > 10  # the last remedy's change, per layer
+    assert f"{delta:+.2f}" in dict((v, k) for k, v in view.rows.options)["conv2d_1"]
+    assert "Δcumul" in view.header.value
     assert view.rows.value == dash.state.selected
 
     dash.undo()
     assert dash.error is None and dash.report is baseline and not session.history
+    assert all("cumulative_delta" not in r for r in dash.rows) and "Δ" not in view.header.value
     assert [r["remedy"] for r in dash.history] == ["", "override", "undo override"]
     assert dash.history[-1]["output_sqnr"] == dash.history[0]["output_sqnr"]
     dash.undo()
