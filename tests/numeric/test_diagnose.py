@@ -307,3 +307,24 @@ def test_a_relus_exact_zeros_are_not_a_degenerate_range():
                and r.tensor.producer == "relu")  # fmt: skip
     before, after, _, _ = _zero_shares(ctx, rec)
     assert before == pytest.approx(exact, abs=0.02) and after - before < 0.05
+
+
+def test_a_weight_that_mostly_rounds_to_zero_is_rounding_not_a_degenerate_range():
+    """At 3 bits per tensor the step is a third of the largest weight: a weight whose every
+    channel has one large tap rounds mostly to zero. That is rounding (learned rounding is the
+    remedy), not a degenerate range to keep in float."""
+    torch.manual_seed(0)
+    model = TwoConvs()
+    with torch.no_grad():
+        model.c1.weight.normal_(0, 0.05)
+        model.c1.weight[:, 0, 1, 1] = 1.0  # every channel's largest tap: no outlier channel
+    three_bits = get_symmetric_quantization_config(
+        is_per_channel=False, weight_qmin=-3, weight_qmax=3
+    )
+    data = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    *_, diagnosis = _run(model, data, quantizer=XNNPACKQuantizer().set_global(three_bits))
+    w = model.c1.weight.detach()
+    assert float((w.abs() < w.abs().max() / 6).double().mean()) > 0.9  # rounds to zero
+    finding = _only(diagnosis, "conv2d")
+    assert finding.cause is Cause.ROUNDING
+    assert finding.prescription.function != "qviz.numeric.fallback"
