@@ -301,6 +301,13 @@ def broken_slice(row: dict[str, Any], ctx: Context) -> tuple | None:
     name = row["node"]
     evidence = (("local_sqnr", whole), (f"local_worst_{kind}_sqnr", value),
                 (f"worst_{kind}", index))  # fmt: skip
+    offset = _value(row, "worst_channel_bias_share") if kind == "channel" else math.nan
+    if offset >= 0.5:  # the channel's error is mostly a constant: what bias correction removes
+        return (*evidence, ("worst_channel_bias_share", offset)), Prescription(
+            f"correct {name}'s bias: {offset:.0%} of channel {index}'s error ({value:.1f} dB, "
+            f"the tensor {whole:.1f} dB) is a constant offset",
+            "qviz.engine.repair.bias_correction", (("nodes", (name,)),),
+        )  # fmt: skip
     node = ctx.nodes.get(name)
     weight = _weight(ctx, node) if node is not None and kind == "channel" else None
     if weight is not None and _per_tensor(ctx, weight[2]):

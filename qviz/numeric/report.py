@@ -34,6 +34,8 @@ sqnr, worst_channel     tensor, the features of a 3-D one) and its index
                         hides (a CLS token, one outlier channel) shows here
 local_bias_share        share of the local error energy that is a constant offset per channel
                         (each channel's mean error): what bias correction removes
+worst_channel_bias_     the same share for the worst channel's own error
+share
 ======================  ======================================================================
 
 Every column says which comparison it comes from: ``local_*`` the operator alone,
@@ -83,6 +85,7 @@ COLUMNS = (
     "local_worst_channel_sqnr",
     "worst_channel",
     "local_bias_share",
+    "worst_channel_bias_share",
 )
 
 
@@ -127,13 +130,14 @@ def _slice_columns(s: Any) -> dict[str, Any]:
     if s is None or not s.count:
         return {"local_worst_token_sqnr": math.nan, "worst_token": -1,
                 "local_worst_channel_sqnr": math.nan, "worst_channel": -1,
-                "local_bias_share": math.nan}  # fmt: skip
+                "local_bias_share": math.nan, "worst_channel_bias_share": math.nan}  # fmt: skip
     return {
         "local_worst_token_sqnr": s.worst_token_sqnr(),
         "worst_token": s.worst_token(),
         "local_worst_channel_sqnr": s.worst_channel_sqnr(),
         "worst_channel": s.worst_channel(),
         "local_bias_share": s.bias_share(),
+        "worst_channel_bias_share": s.worst_channel_bias_share(),
     }
 
 

@@ -204,6 +204,16 @@ class SliceStats:
         """The index of that channel (-1 without channels)."""
         return self._worst(self.channels, self.sizes[1])[1]
 
+    def worst_channel_bias_share(self) -> float:
+        """The share of the worst channel's own error energy that is its mean error (a constant
+        offset: bias correction removes it; NaN without channels)."""
+        n, index = self.sizes[1], self.worst_channel()
+        values = self.channels.values()
+        if index < 0 or not self.count or not values:
+            return math.nan
+        noise, total = values[n + index], values[2 * n + index]
+        return (total * total / (self.count / n)) / noise if noise > 0 else math.nan
+
     def bias_share(self) -> float:
         """Share of the error energy that is each channel's mean error (a constant offset per
         channel, what bias correction removes): ``sum_c n_c mean_c^2 / sum(err^2)``."""

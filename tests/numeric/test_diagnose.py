@@ -328,3 +328,37 @@ def test_a_weight_that_mostly_rounds_to_zero_is_rounding_not_a_degenerate_range(
     finding = _only(diagnosis, "conv2d")
     assert finding.cause is Cause.ROUNDING
     assert finding.prescription.function != "qviz.numeric.fallback"
+
+
+def test_a_slice_whose_error_is_an_offset_prescribes_bias_correction():
+    """Channel 3's weights all round to zero on the per-tensor grid the other rows set, so its
+    error is ``-x . w3``: with inputs near 1.5 nearly all of it is a constant offset. The
+    diagnosis says so with the channel's own offset share, and bias correction fixes it."""
+    from qviz.engine.repair import bias_correction
+
+    linear = nn.Linear(4, 8)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randint(-7, 8, (8, 4)).float())
+        linear.weight[0, 0] = 7.5  # the grid: step 1 (4 bits per tensor: 7.5 / 7.5)
+        linear.weight[3] = 0.1  # rounds to 0: channel 3 outputs its bias alone
+        linear.bias[3] = 5.0  # a live channel: about 5.6 in float, 5.0 quantized
+    gen = torch.Generator().manual_seed(0)
+    data = [1.5 + 0.05 * torch.randn(64, 4, generator=gen) for _ in range(3)]
+    four_bits = get_symmetric_quantization_config(
+        is_per_channel=False, weight_qmin=-8, weight_qmax=7
+    )
+    model = nn.Sequential(linear)
+    gm, _, converted, _, diagnosis = _run(
+        model, data, quantizer=XNNPACKQuantizer().set_global(four_bits)
+    )
+    finding = _only(diagnosis, "linear")
+    assert finding.cause is Cause.SLICE and finding.facts["worst_channel"] == 3
+    with torch.no_grad():
+        f = torch.cat([gm(x) for x in data]).double()[:, 3]
+        err = torch.cat([converted(x) for x in data]).double()[:, 3] - f
+    share = float(err.mean() ** 2 * len(err) / err.square().sum())
+    assert finding.facts["worst_channel_bias_share"] == pytest.approx(share, rel=1e-6)
+    assert share > 0.9 and finding.prescription.function == "qviz.engine.repair.bias_correction"
+    fixed = bias_correction(converted, gm, data)
+    after = qviz.numeric.compare(gm, fixed, data, progress=False).df.set_index("node")
+    assert after.loc["linear", "local_worst_channel_sqnr"] > 25
