@@ -9,7 +9,10 @@
   side, best marked (per-tensor vs per-channel weights, 8 vs 4 bits, ...).
 
 Each variant is prepared from the same exported graph, calibrated on the same batches and
-evaluated on the same data, so the rows differ only by what was asked.
+evaluated on the same data, so the rows differ only by what was asked. :func:`sensitivity`
+calibrates once: a variant whose every observer sees what one of the fully quantized model's
+saw takes copies of their statistics instead of a calibration pass (bit for bit what the pass
+would give, :mod:`qviz.engine.pt2e.observer_reuse`); the others are calibrated.
 
 Example:
     >>> import torch, qviz
@@ -37,6 +40,7 @@ from qviz.engine import distributed
 from qviz.engine.graph.inputs import batches_of, bind_batch, call_model, checked_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
+from qviz.engine.pt2e.observer_reuse import ObserverReuse
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
 from qviz.numeric.batches import batch_size, metric_value
@@ -129,17 +133,23 @@ class _Evaluator:
 
 
 def _quantize(
-    gm: GraphModule, quantizer: Any, calibration: list[Any], group: Any = False
+    gm: GraphModule,
+    quantizer: Any,
+    calibration: list[Any],
+    group: Any = False,
+    reuse: ObserverReuse | None = None,
 ) -> GraphModule:
     """Prepare (every rank's prepare exchanged first: one that fails is named on every rank),
-    calibrate over every rank, convert."""
+    calibrate over every rank (or take ``reuse``'s copies where every observer has one: the
+    same statistics, without the pass), convert."""
     import qviz
 
     def prepare(shard: distributed.Shard) -> GraphModule:
         return qviz.prepare_pt2e(gm, quantizer)
 
     prepared = distributed.sharded(prepare, group, "sensitivity", share=lambda _: None).result
-    qviz.calibrate(prepared, calibration, progress=False, group=group)
+    if reuse is None or not reuse.fill(prepared):
+        qviz.calibrate(prepared, calibration, progress=False, group=group)
     return qviz.convert_pt2e(prepared)
 
 
@@ -217,6 +227,7 @@ def sensitivity(
     (evaluator, calibration, full), group = out.result, out.shard.group
     evaluator.score_float()
     ops = _quantized_ops(full.plan, exported_model)
+    reuse = ObserverReuse(full)  # one calibration: a variant observing the same takes copies
     qviz.calibrate(full, calibration, progress=False, group=group)
     base_sqnr, base_metric = evaluator.score(qviz.convert_pt2e(full))
     nodes = {n.name: n for n in exported_model.graph.nodes}
@@ -224,7 +235,7 @@ def sensitivity(
     for name in progress_bar(ops, progress and out.shard.rank == 0, f"sensitivity ({mode})"):
         names = [name] if mode == "fallback" else [o for o in ops if o != name]
         variant = FallbackQuantizer(quantizer, names) if names else quantizer
-        score = evaluator.score(_quantize(exported_model, variant, calibration, group))
+        score = evaluator.score(_quantize(exported_model, variant, calibration, group, reuse))
         versus = base_metric if mode == "fallback" else evaluator.float_metric
         rows.append(_row(nodes[name], score, mode, base_sqnr, None if metric is None else versus))
     df = _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
