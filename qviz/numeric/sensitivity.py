@@ -14,6 +14,12 @@ calibrates once: a variant whose every observer sees what one of the fully quant
 saw takes copies of their statistics instead of a calibration pass (bit for bit what the pass
 would give, :mod:`qviz.engine.pt2e.observer_reuse`); the others are calibrated.
 
+Distributed (``group=`` a process group, or the default group initialised), ``data`` and
+``calibration_data`` are each rank's shard: every variant calibrates on all the shards (merged
+observers) and is scored over all of them (one reduction per variant), so the ranking on every
+rank is one process's over the union; whatever one rank raises (a bad argument included) is
+raised on every rank at once, naming that rank (:func:`qviz.engine.distributed.sharded`).
+
 Example:
     >>> import torch, qviz
     >>> from torch import nn
@@ -30,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -176,38 +183,28 @@ def sensitivity(
     """Rank the quantized operators by what quantizing them costs the model.
 
     Args:
-        exported_model: the float graph module from :func:`qviz.export` (not changed): the
-            one stage it takes, checked before anything runs.
+        exported_model: the float graph module from :func:`qviz.export` (not changed).
         quantizer: the quantizer whose operators are tried one by one.
         data: evaluation batches (as for :func:`qviz.calibrate`: tensors, ``(inputs...,
             target)``, dicts); kept in memory, with the float model's outputs on them.
-        metric: optional ``metric(float_out, quant_out, target) -> float``, higher is better
-            (e.g. accuracy); the ranking then follows it.
-        mode: ``"fallback"``: everything quantized except the operator; ranked by how much the
-            model recovers, most first. ``"solo"``: only the operator quantized; ranked by how
-            much it costs alone, most first.
+        metric: ``metric(float_out, quant_out, target) -> float`` (higher is better): ranks.
+        mode: ``"fallback"``: all quantized but the operator, ranked by what the model recovers;
+            ``"solo"``: only the operator quantized, ranked by what it costs (most first).
         calibration_data: batches to calibrate each variant on (default: ``data``).
         progress: show a progress bar over the operators.
-        group: a ``torch.distributed`` process group; when given, or when the default group
-            is initialised, ``data`` (and ``calibration_data``) are this rank's shard: every
-            variant calibrates on all the shards (merged observers) and is scored over all of
-            them (one reduction per variant), so the ranking on every rank is one
-            process's over the union; ``group=False``: this process alone.
+        group: a ``torch.distributed`` process group, or ``False`` (this process alone):
+            distributed, the data are this rank's shard (see the module docstring).
 
     Returns:
-        A DataFrame: ``rank``, ``node``, ``op``, ``module``, ``output_sqnr`` (dB, against the
-        float outputs); in fallback mode ``delta_sqnr``, the gain over every operator quantized;
-        and with a metric, ``metric`` and ``delta_metric`` (fallback: against every operator
-        quantized; solo: against the float model, the operator's cost). ``df.attrs`` holds the
-        baselines (``quantized_output_sqnr``, ``quantized_metric``, ``float_metric``).
+        A DataFrame: ``rank``, ``node``, ``op``, ``module``, ``output_sqnr`` (dB against the
+        float outputs); fallback mode adds ``delta_sqnr`` (the gain over all quantized); a
+        metric adds ``metric`` and ``delta_metric`` (against all quantized; solo: against the
+        float model). ``df.attrs``: ``quantized_output_sqnr``, ``quantized_metric``,
+        ``float_metric``.
 
     Raises:
-        ConfigError: ``exported_model`` is not the float exported graph (a prepared or converted
-            model is refused before anything runs), an unknown mode, or a batch that does not
-            bind (named; every batch is checked before the float pass).
-
-        Distributed, whatever one rank raises (a bad argument included) is raised on every
-        rank at once, naming that rank (:func:`qviz.engine.distributed.sharded`).
+        ConfigError: ``exported_model`` is not the float exported graph (checked before
+            anything runs), an unknown mode, or a batch that does not bind (named).
 
     Example:
         >>> import torch, qviz
@@ -218,29 +215,43 @@ def sensitivity(
         >>> df["node"].tolist(), df.attrs["mode"]
         (['linear'], 'solo')
     """
-    import qviz
 
-    def setup(shard: distributed.Shard) -> tuple[_Evaluator, list[Any], GraphModule]:
-        return _setup(exported_model, quantizer, data, metric, mode, calibration_data, shard)
-
+    setup = functools.partial(_setup, exported_model, quantizer, data, metric, mode,
+                              calibration_data)  # fmt: skip
     out = distributed.sharded(setup, group, "sensitivity", share=lambda _: None)
     (evaluator, calibration, full), group = out.result, out.shard.group
+    ops, reuse, base = _baseline(exported_model, full, evaluator, calibration, group)
+    versus = None if metric is None else base[1] if mode == "fallback" else evaluator.float_metric
+    rows = [
+        _row(node, evaluator.score(_quantize(exported_model, variant, calibration, group, reuse)),
+             mode, base[0], versus)
+        for node, variant in _variants(exported_model, quantizer, ops, mode, progress, out)
+    ]  # fmt: skip
+    return _ranked(rows, mode, metric is not None, *base, evaluator.float_metric)
+
+
+def _baseline(
+    gm: GraphModule, full: GraphModule, evaluator: _Evaluator, calibration: list, group: Any
+) -> tuple[list[str], ObserverReuse, tuple[float, float | None]]:
+    """The float metric, the quantized operators, the one calibration (of ``full``, every
+    operator quantized: its statistics are what the variants reuse) and its score."""
+    import qviz
+
     evaluator.score_float()
-    ops = _quantized_ops(full.plan, exported_model)
-    reuse = ObserverReuse(full)  # one calibration: a variant observing the same takes copies
+    ops = _quantized_ops(full.plan, gm)
+    reuse = ObserverReuse(full)  # before calibrating: the observers' starting state
     qviz.calibrate(full, calibration, progress=False, group=group)
-    base_sqnr, base_metric = evaluator.score(qviz.convert_pt2e(full))
-    nodes = {n.name: n for n in exported_model.graph.nodes}
-    rows = []
+    return ops, reuse, evaluator.score(qviz.convert_pt2e(full))
+
+
+def _variants(gm: GraphModule, quantizer: Any, ops: list[str], mode: str, progress: bool,
+              out: Any) -> Any:  # fmt: skip
+    """``(node, quantizer)`` for each operator of ``ops``: all but it quantized (fallback
+    mode) or it alone (solo); a progress bar on the first rank."""
+    nodes = {n.name: n for n in gm.graph.nodes}
     for name in progress_bar(ops, progress and out.shard.rank == 0, f"sensitivity ({mode})"):
-        names = [name] if mode == "fallback" else [o for o in ops if o != name]
-        variant = FallbackQuantizer(quantizer, names) if names else quantizer
-        score = evaluator.score(_quantize(exported_model, variant, calibration, group, reuse))
-        versus = base_metric if mode == "fallback" else evaluator.float_metric
-        rows.append(_row(nodes[name], score, mode, base_sqnr, None if metric is None else versus))
-    df = _ranked(rows, mode, metric is not None, base_sqnr, base_metric)
-    df.attrs["float_metric"] = evaluator.float_metric
-    return df
+        fallen = [name] if mode == "fallback" else [o for o in ops if o != name]
+        yield nodes[name], (FallbackQuantizer(quantizer, fallen) if fallen else quantizer)
 
 
 def _setup(
@@ -286,7 +297,7 @@ def _row(
     return row
 
 
-def _ranked(rows, mode, by_metric, base_sqnr, base_metric) -> Any:
+def _ranked(rows, mode, by_metric, base_sqnr, base_metric, float_metric=None) -> Any:
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -297,6 +308,7 @@ def _ranked(rows, mode, by_metric, base_sqnr, base_metric) -> Any:
     df.attrs.update(
         mode=mode, quantized_output_sqnr=base_sqnr, quantized_metric=base_metric, ranked_by=key
     )
+    df.attrs["float_metric"] = float_metric
     return df
 
 
