@@ -33,6 +33,7 @@ import torchvision
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
 BATCHES = (1, 8)
@@ -164,7 +165,7 @@ def _executorch_float_rows(model: torch.nn.Module, x: torch.Tensor) -> list:
     from executorch.runtime import Runtime
 
     start = time.perf_counter()
-    shapes = dynamic_batch_shapes((x,), 64)  # bounded, as qviz.lower(max_batch=64) does
+    shapes = dynamic_batch_shapes((x,), DEFAULT_MAX_BATCH)  # bounded, as qviz.lower does
     program = torch.export.export(model, (x,), dynamic_shapes=shapes)
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     buffer = edge.to_executorch().buffer

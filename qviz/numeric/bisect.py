@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH
 from qviz.errors import ConfigError
 from qviz.numeric.lowered import (
     _activation_quantizes,
@@ -323,7 +324,7 @@ def _xnnpack_probe(lowered: Any, order: list[Node], example: tuple) -> Any:
         )
     if getattr(program, "example_inputs", None):  # what qviz.lower exported it with
         example = tuple(program.example_inputs[0])
-    bound = getattr(lowered, "max_batch", None) or 64  # as qviz.lower bounds the batch
+    bound = lowered.max_batch or DEFAULT_MAX_BATCH  # as qviz.lower bounds the batch
     shapes = dynamic_batch_shapes(example, bound) if lowered.dynamic_batch else None
 
     def probe(i: int) -> Callable[[tuple], torch.Tensor]:

@@ -34,7 +34,7 @@ from torch.fx import GraphModule
 from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple
 from qviz.engine.graph.stage import Stage, model_stage
-from qviz.engine.lower.lowered import KernelRecord, LoweredModel
+from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH, KernelRecord, LoweredModel
 from qviz.errors import ConfigError
 
 __all__ = ["BACKENDS", "KernelRecord", "LoweredModel", "lower"]
@@ -99,7 +99,7 @@ def lower(
     *,
     path: str | Path | None = None,
     artifact: str | Path | bytes | None = None,
-    max_batch: int = 64,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> LoweredModel:
     """Lower ``converted`` onto ``backend``'s kernels; the lowered model and its records.
 

@@ -31,6 +31,8 @@ from qviz.errors import ConfigError
 
 #: The kernel kinds a record names.
 KERNELS = ("integer", "float", "quantize", "data")
+#: The largest batch ``qviz.lower`` plans a dynamic-batch ``"xnnpack"`` program for by default.
+DEFAULT_MAX_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class LoweredModel(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the lowered program; one output comes back as a tensor, several as a tuple."""
         tensors = [x.detach().cpu().contiguous() for x in inputs]
-        most = getattr(self, "max_batch", None)
+        most = self.max_batch
         batch = next((x.shape[0] for x in tensors if isinstance(x, torch.Tensor) and x.dim()), 0)
         if most is not None and batch > most:
             raise ConfigError(

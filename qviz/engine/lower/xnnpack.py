@@ -34,7 +34,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
-from qviz.engine.lower.lowered import KernelRecord
+from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH, KernelRecord
 from qviz.errors import ConfigError, MissingDependencyError
 
 _PORTABLE = "ExecuTorch portable kernels"
@@ -257,7 +257,7 @@ def lower_xnnpack(
     example_inputs: tuple[Any, ...],
     dynamic_batch: bool,
     path: Path | None,
-    max_batch: int = 64,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
     """Export, partition, serialise and load; the run function, records, program and path.
     A dynamic batch goes up to ``max_batch``: ExecuTorch plans the memory of the operators
