@@ -71,11 +71,11 @@ def apply_remedy(dash: Any, remedy: Any, kwargs: dict[str, Any]) -> None:
     step = session.apply(remedy, **kwargs)
     dash._builds += 1
     run = Run((), float(step.output_sqnr_after), step.metric_after, remedy=step.remedy)
-    st = dash.state
+    st = dash.state  # the report is the session's: the selection is checked against it
     dash.state = dataclasses.replace(
-        st, builds=(*st.builds, dash._builds), history=(*st.history, run)
-    )
-    dash.state = dataclasses.replace(dash.state, selected=_kept_selection(dash))
+        st, builds=(*st.builds, dash._builds), history=(*st.history, run),
+        selected=_kept_selection(dash),
+    )  # fmt: skip
 
 
 def undo_remedy(dash: Any) -> None:
@@ -87,8 +87,8 @@ def undo_remedy(dash: Any) -> None:
     session.undo()
     report, st = session.report, dash.state
     run = Run((), float(report.output_sqnr), report.metric, remedy=f"undo {name}")
-    dash.state = dataclasses.replace(st, builds=st.builds[:-1], history=(*st.history, run))
-    dash.state = dataclasses.replace(dash.state, selected=_kept_selection(dash))
+    dash.state = dataclasses.replace(st, builds=st.builds[:-1], history=(*st.history, run),
+                                     selected=_kept_selection(dash))  # fmt: skip
 
 
 def _db(value: Any) -> str:

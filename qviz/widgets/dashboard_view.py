@@ -37,24 +37,30 @@ def _num(value: Any) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}"
 
 
+def _line(node: str, op: str, numbers: list[str], delta: bool) -> str:
+    """A table line; with the change column a repair session adds after a remedy, every
+    column is narrower so the line still fits the pane."""
+    name, kind, num = (18, 10, 7) if delta else (20, 12, 8)
+    return f"{node[:name]:<{name}} {op[:kind]:<{kind}}" + "".join(f"{n:>{num}}" for n in numbers)
+
+
 def row_label(row: dict[str, Any]) -> str:
-    """One line of the table: node, op, local, cumulative and weight SQNR (dB)."""
-    head = f"{str(row['node'])[:20]:<20} {str(row.get('op', ''))[:12]:<12}"
+    """One line of the table: node, op, local, cumulative and weight SQNR (dB), and in a
+    repair session after a remedy the change of cumulative SQNR by it."""
+    delta = "cumulative_delta" in row
+    node, op = str(row["node"]), str(row.get("op", ""))
     if row.get("fallback"):
-        return f"{head}  in float (fallback)"
-    cols = (row.get("local_sqnr"), row.get("cumulative_sqnr"), row.get("weight_sqnr"))
-    if "cumulative_delta" not in row:
-        return head + "".join(f"{_num(v):>8}" for v in cols)
-    # in a repair session, after a remedy: one more column, the others narrower to fit
-    v = row["cumulative_delta"]
-    change = "-" if not isinstance(v, float) or math.isnan(v) else f"{v:+.2f}"
-    head = f"{str(row['node'])[:18]:<18} {str(row.get('op', ''))[:10]:<10}"
-    return head + "".join(f"{_num(v):>7}" for v in cols) + f"{change:>7}"
+        return f"{_line(node, op, [], delta)}  in float (fallback)"
+    cols = [_num(row.get(k)) for k in ("local_sqnr", "cumulative_sqnr", "weight_sqnr")]
+    if delta:
+        v = row["cumulative_delta"]
+        cols.append("-" if not isinstance(v, float) or math.isnan(v) else f"{v:+.2f}")
+    return _line(node, op, cols, delta)
 
 
-_HEADER = f"{'node':<20} {'op':<12}{'local':>8}{'cumul.':>8}{'weight':>8}"
+_HEADER = _line("node", "op", ["local", "cumul.", "weight"], delta=False)
 #: The header with the change column a repair session's table adds after a remedy.
-_HEADER_DELTA = f"{'node':<18} {'op':<10}{'local':>7}{'cumul.':>7}{'weight':>7}{'Δcumul':>7}"
+_HEADER_DELTA = _line("node", "op", ["local", "cumul.", "weight", "Δcumul"], delta=True)
 _CAPTION = (
     "SQNR in dB (higher is better): <b>local</b> with this layer alone quantized, "
     "<b>cumul.</b> with every layer up to it quantized, <b>weight</b> of its weight"
