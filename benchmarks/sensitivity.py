@@ -26,26 +26,13 @@ from typing import Any
 
 import pandas as pd
 import torch
+from repair import _cpu
 
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.numeric import sensitivity
-
-
-def _cpu() -> str:
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
-    return " ".join(f for f in wanted if f in flags) or "no int8 flags read"
 
 
 def _digits() -> tuple[Any, list, list, Callable]:

@@ -220,12 +220,13 @@ def sensitivity(
                               calibration_data)  # fmt: skip
     out = distributed.sharded(setup, group, "sensitivity", share=lambda _: None)
     (evaluator, calibration, full), group = out.result, out.shard.group
+    rank0 = out.shard.rank == 0  # the one progress bar
     ops, reuse, base = _baseline(exported_model, full, evaluator, calibration, group)
     versus = None if metric is None else base[1] if mode == "fallback" else evaluator.float_metric
     rows = [
         _row(node, evaluator.score(_quantize(exported_model, variant, calibration, group, reuse)),
              mode, base[0], versus)
-        for node, variant in _variants(exported_model, quantizer, ops, mode, progress, out)
+        for node, variant in _variants(exported_model, quantizer, ops, mode, progress and rank0)
     ]  # fmt: skip
     return _ranked(rows, mode, metric is not None, *base, evaluator.float_metric)
 
@@ -244,12 +245,11 @@ def _baseline(
     return ops, reuse, evaluator.score(qviz.convert_pt2e(full))
 
 
-def _variants(gm: GraphModule, quantizer: Any, ops: list[str], mode: str, progress: bool,
-              out: Any) -> Any:  # fmt: skip
+def _variants(gm: GraphModule, quantizer: Any, ops: list[str], mode: str, show: bool) -> Any:
     """``(node, quantizer)`` for each operator of ``ops``: all but it quantized (fallback
-    mode) or it alone (solo); a progress bar on the first rank."""
+    mode) or it alone (solo); a progress bar when ``show``."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    for name in progress_bar(ops, progress and out.shard.rank == 0, f"sensitivity ({mode})"):
+    for name in progress_bar(ops, show, f"sensitivity ({mode})"):
         fallen = [name] if mode == "fallback" else [o for o in ops if o != name]
         yield nodes[name], (FallbackQuantizer(quantizer, fallen) if fallen else quantizer)
 
