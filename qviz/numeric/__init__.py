@@ -4,7 +4,8 @@
 its own (local) error and the error it inherits (cumulative), in a :class:`NumericReport`;
 :func:`diagnose` says why each poor layer loses accuracy and what to do about it,
 :func:`sensitivity` ranks operators by what quantizing them costs, :func:`fallback` keeps the
-culprit in float, and :func:`compare_configs` shows each layer under several configs.
+culprit in float, :func:`compare_configs` shows each layer under several configs, and
+:func:`search_precision` finds the cheapest per-layer precisions that meet an accuracy target.
 
 pandas is imported only by the functions that return DataFrames.
 
@@ -27,6 +28,8 @@ from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.numeric.diagnose import Cause, Diagnosis, Finding, Prescription, diagnose
 from qviz.numeric.lowered import LoweringComparison, compare_lowered
 from qviz.numeric.metrics import clipped_fraction, sqnr
+from qviz.numeric.precision import search_precision
+from qviz.numeric.precision_result import PrecisionResult
 from qviz.numeric.qat_monitor import QATMonitor, QATRecord
 from qviz.numeric.repair_session import RepairSession, RepairStep
 from qviz.numeric.report import NumericReport
@@ -41,6 +44,7 @@ __all__ = [
     "LayerDetail",
     "LoweringComparison",
     "NumericReport",
+    "PrecisionResult",
     "Prescription",
     "QATMonitor",
     "QATRecord",
@@ -57,6 +61,7 @@ __all__ = [
     "fallback",
     "layer_detail",
     "layer_tensors",
+    "search_precision",
     "sensitivity",
     "sqnr",
 ]

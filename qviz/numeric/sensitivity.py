@@ -40,19 +40,17 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.inputs import batches_of, bind_batch, call_model, checked_batches
+from qviz.engine.graph.inputs import batches_of, checked_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
-from qviz.numeric.batches import batch_size, metric_value
 from qviz.numeric.progress import progress_bar
-from qviz.numeric.totals import OutputTotals
+from qviz.numeric.variants import VariantScorer, quantize_variant, quantized_ops
 
 _MODES = ("fallback", "solo")
 
@@ -84,89 +82,6 @@ def _check_graph(model: Any, where: str) -> None:
     """The one stage these take: the float graph module ``qviz.export`` returned (checked before
     anything runs)."""
     check_stage(model, Stage.FLOAT, where=where, arg="exported_model", exported=True)
-
-
-class _Evaluator:
-    """The float model's outputs on the data, kept (outputs only), and quantized models scored
-    (over every rank of ``shard``'s group, one exchange per score)."""
-
-    def __init__(
-        self,
-        float_gm: GraphModule,
-        data: Any,
-        metric: Callable | None,
-        where: str,
-        shard: distributed.Shard,
-    ) -> None:
-        self.group = shard.group
-        names = [f"{where}: batch {i}" for i in range(len(data))]
-        self.batches = [(n, bind_batch(float_gm, b, n)) for n, b in zip(names, data, strict=True)]
-        if not self.batches and not shard.distributed:
-            raise ConfigError("the data has no batches")
-        self.metric = metric
-        with torch.no_grad():
-            self.float_outputs = [call_model(float_gm, b, n) for n, b in self.batches]
-        self.float_metric: float | None = None
-
-    def score_float(self) -> None:
-        """The float model's own metric, over every rank (a collective: after the setup)."""
-        if self.metric is not None:
-            self.float_metric = self._merged(lambda: self._sums(None))[1]
-
-    def _sums(self, model: Any) -> OutputTotals:
-        """This process's output statistics, metric sum and sample count (``model`` None: the
-        float model against itself)."""
-        totals = OutputTotals.for_metric(self.metric)
-        with torch.no_grad():
-            for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
-                out = ref if model is None else call_model(model, bound, name)
-                value = metric_value(self.metric, ref, out, bound.target, name)
-                totals.add(ref, out, batch_size(bound.args), value)
-        return totals
-
-    def _merged(self, local: Callable[[], OutputTotals]) -> tuple[float, float | None]:
-        """(output SQNR, metric) of ``local``'s sums, over every rank when distributed."""
-        out = distributed.sharded(lambda shard: local(), self.group, "sensitivity")
-        totals = out.result
-        if out.shard.distributed:
-            totals = OutputTotals.for_metric(self.metric)
-            for part in out.shared:  # every rank's, in rank order
-                totals.merge(part)
-        return totals.outputs.sqnr, totals.metric_value
-
-    def score(self, model: Any) -> tuple[float, float | None]:
-        """(output SQNR in dB, the metric averaged over samples or None), over every rank."""
-        return self._merged(lambda: self._sums(model))
-
-
-def _quantize(
-    gm: GraphModule,
-    quantizer: Any,
-    calibration: list[Any],
-    group: Any = False,
-    reuse: ObserverReuse | None = None,
-) -> GraphModule:
-    """Prepare (every rank's prepare exchanged first: one that fails is named on every rank),
-    calibrate over every rank (or take ``reuse``'s copies where every observer has one: the
-    same statistics, without the pass), convert."""
-    import qviz
-
-    def prepare(shard: distributed.Shard) -> GraphModule:
-        return qviz.prepare_pt2e(gm, quantizer)
-
-    prepared = distributed.sharded(prepare, group, "sensitivity", share=lambda _: None).result
-    if reuse is None or not reuse.fill(prepared):
-        qviz.calibrate(prepared, calibration, progress=False, group=group)
-    return qviz.convert_pt2e(prepared)
-
-
-def _quantized_ops(prepared_plan: Any, gm: GraphModule) -> list[str]:
-    names: dict[str, None] = {}
-    for record in prepared_plan.tensors:
-        ref = record.tensor
-        names[ref.consumer if ref.consumer is not None else ref.producer] = None
-    ops = {n.name for n in gm.graph.nodes if n.op == "call_function"}
-    return [n for n in names if n in ops]
 
 
 def sensitivity(
@@ -223,23 +138,24 @@ def sensitivity(
     rank0 = out.shard.rank == 0  # the one progress bar
     ops, reuse, base = _baseline(exported_model, full, evaluator, calibration, group)
     versus = None if metric is None else base[1] if mode == "fallback" else evaluator.float_metric
+    quantize = functools.partial(quantize_variant, exported_model, calibration=calibration,
+                                 group=group, reuse=reuse)  # fmt: skip
     rows = [
-        _row(node, evaluator.score(_quantize(exported_model, variant, calibration, group, reuse)),
-             mode, base[0], versus)
+        _row(node, evaluator.score(quantize(variant)), mode, base[0], versus)
         for node, variant in _variants(exported_model, quantizer, ops, mode, progress and rank0)
     ]  # fmt: skip
     return _ranked(rows, mode, metric is not None, *base, evaluator.float_metric)
 
 
 def _baseline(
-    gm: GraphModule, full: GraphModule, evaluator: _Evaluator, calibration: list, group: Any
+    gm: GraphModule, full: GraphModule, evaluator: VariantScorer, calibration: list, group: Any
 ) -> tuple[list[str], ObserverReuse, tuple[float, float | None]]:
     """The float metric, the quantized operators, the one calibration (of ``full``, every
     operator quantized: its statistics are what the variants reuse) and its score."""
     import qviz
 
     evaluator.score_float()
-    ops = _quantized_ops(full.plan, gm)
+    ops = quantized_ops(full.plan, gm)
     reuse = ObserverReuse(full)  # before calibrating: the observers' starting state
     qviz.calibrate(full, calibration, progress=False, group=group)
     return ops, reuse, evaluator.score(qviz.convert_pt2e(full))
@@ -262,7 +178,7 @@ def _setup(
     mode: str,
     calibration_data: Any,
     shard: distributed.Shard,
-) -> tuple[_Evaluator, list[Any], GraphModule]:
+) -> tuple[VariantScorer, list[Any], GraphModule]:
     """sensitivity's argument checks, its float pass and the fully quantized model's prepare:
     this rank's part of the first sharded step."""
     import qviz
@@ -275,7 +191,7 @@ def _setup(
     if calibration_data is not None:
         where = "sensitivity(calibration_data=...)"
         calibration = checked_batches(calibration_data, exported_model, where)
-    evaluator = _Evaluator(exported_model, batches, metric, "sensitivity", shard)
+    evaluator = VariantScorer(exported_model, batches, metric, "sensitivity", shard)
     return evaluator, calibration, qviz.prepare_pt2e(exported_model, quantizer)
 
 
@@ -364,7 +280,7 @@ def compare_configs(
         calibration = checked_batches(calibration_data, exported_model, where)
     frames, output_sqnr = [], {}
     for name, config in progress_bar(list(configs.items()), progress, "configs"):
-        quantized = _quantize(exported_model, _quantizer_of(name, config), calibration)
+        quantized = quantize_variant(exported_model, _quantizer_of(name, config), calibration)
         report = compare(exported_model, quantized, batches, progress=False)
         frames.append(report.df.set_index("node")[["op", "module", "local_sqnr"]])
         output_sqnr[str(name)] = report.output_sqnr

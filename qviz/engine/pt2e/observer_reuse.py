@@ -81,6 +81,7 @@ class ObserverReuse:
     Args:
         prepared: the model from :func:`qviz.prepare_pt2e`, *before* calibration (its
             observers' starting state is part of what must match); calibrate it afterwards.
+            None: none yet (:meth:`add` them).
 
     Example:
         >>> import torch, qviz
@@ -92,9 +93,17 @@ class ObserverReuse:
         3
     """
 
-    def __init__(self, prepared: GraphModule) -> None:
-        self._model = prepared
-        self._keys = _observation_keys(prepared)
+    def __init__(self, prepared: GraphModule | None = None) -> None:
+        self._keys: dict[_Key, tuple[GraphModule, Any]] = {}
+        if prepared is not None:
+            self.add(prepared)
+
+    def add(self, prepared: GraphModule) -> None:
+        """Another prepared model (not yet calibrated; calibrate it afterwards) whose observers
+        the variants may take copies of: a variant is filled from any mix of the models added
+        (each observer from the first model that has its observation)."""
+        for key, group in _observation_keys(prepared).items():
+            self._keys.setdefault(key, (prepared, group))
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -107,7 +116,8 @@ class ObserverReuse:
         if any(key not in self._keys for key in wanted):
             return False
         for key, group in wanted.items():
-            twin = copy.deepcopy(getattr(self._model, self._keys[key].observer))
+            source, calibrated = self._keys[key]
+            twin = copy.deepcopy(getattr(source, calibrated.observer))
             own = getattr(variant, group.observer)
             for attr in _NAMING:  # the variant's own names for it
                 if hasattr(own, attr):

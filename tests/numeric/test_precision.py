@@ -1,0 +1,208 @@
+"""search_precision: the front is exact for its estimate, the confirmation finds the cheapest
+point that meets the target, the answer reproduces from its quantizer alone, and what each
+unit's precision means in the plan."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import qviz
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers.override import OverrideQuantizer
+from qviz.errors import ConfigError
+from qviz.numeric import search_precision
+from qviz.numeric.metrics import sqnr
+from qviz.numeric.precision_front import next_probe, pareto_front
+from qviz.numeric.precision_units import Precision, assignment_overrides, find_units
+
+# -- the arithmetic -----------------------------------------------------------------------------
+options_st = st.lists(
+    st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=3),
+    min_size=1,
+    max_size=4,
+)
+
+
+@given(options_st)
+@settings(max_examples=150, deadline=None)
+def test_the_front_is_every_assignment_no_other_beats(options):
+    sums = [
+        (sum(options[u][o][0] for u, o in enumerate(c)), sum(options[u][o][1] for u, o in
+         enumerate(c)), c) for c in itertools.product(*(range(len(u)) for u in options))
+    ]  # fmt: skip
+    best = {}
+    for cost, pen, _ in sums:  # the best penalty at each cost, then the non-dominated ones
+        best[cost] = min(best.get(cost, math.inf), pen)
+    expected, floor = [], math.inf
+    for cost in sorted(best):
+        if best[cost] < floor:
+            expected.append((cost, best[cost]))
+            floor = best[cost]
+    front = pareto_front(options)
+    assert [(c, p) for c, p, _ in front] == expected
+    for cost, pen, choice in front:  # each point's choice adds up to its figures
+        assert sum(options[u][o][0] for u, o in enumerate(choice)) == cost
+        assert sum(options[u][o][1] for u, o in enumerate(choice)) == pen
+
+
+@given(
+    st.lists(st.floats(0.01, 100), min_size=1, max_size=40).map(sorted).map(lambda v: v[::-1]),
+    st.floats(0.01, 100),
+    st.floats(0.3, 3.0),
+)
+@settings(max_examples=150, deadline=None)
+def test_confirming_finds_the_cheapest_point_that_truly_meets(estimates, target, error):
+    """Measured = estimate * a constant error: the probes end on the cheapest point whose
+    measured penalty meets the target, each probe inside the bracket, in few probes."""
+    measured = [e * error for e in estimates]
+    passed, failed, probes = {}, {}, 0
+    while (i := next_probe(estimates, target, passed, failed)) is not None:
+        lo, hi = max(failed, default=-1), min(passed, default=len(estimates))
+        assert lo < i < hi
+        (passed if measured[i] <= target else failed)[i] = measured[i]
+        probes += 1
+        assert probes <= len(estimates)
+    truth = [i for i, m in enumerate(measured) if m <= target]
+    if truth:
+        assert min(passed) == truth[0]
+        assert probes <= 3  # the first probe measures the error; the rest follow from it
+    else:
+        assert not passed and len(estimates) - 1 in failed and probes <= 2  # the best one fails
+
+
+def test_the_front_thins_evenly_and_keeps_both_ends():
+    options = [[(i, 10 - i) for i in range(10)]] * 4
+    full = pareto_front(options)
+    thin = pareto_front(options, max_points=5)
+    assert len(thin) == 5 and thin[0][:2] == full[0][:2] and thin[-1][:2] == full[-1][:2]
+
+
+# -- units --------------------------------------------------------------------------------------
+class _Fork(nn.Module):
+    """Two convs read one ReLU: one activation group, so one unit; then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        z = torch.relu(self.a(y) + self.b(y))
+        return self.head(z.mean((2, 3)))
+
+
+def _quantizer():
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+
+
+@pytest.fixture(scope="module")
+def fork():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(8, 3, 8, 8, generator=g) for _ in range(3)]
+    return qviz.export(_Fork().eval(), (data[0],), dynamic_batch=True), data
+
+
+def test_layers_fed_by_one_observer_are_one_unit(fork):
+    gm, _ = fork
+    units = find_units(gm, qviz.prepare_pt2e(gm, _quantizer()).plan)
+    assert [u.layers for u in units] == [("conv2d",), ("conv2d_1", "conv2d_2"), ("linear",)]
+
+
+def test_a_precision_is_what_the_plan_observes(fork):
+    """w4a16 on the fork: 4-bit weights on both convs, every tensor of the ReLU's group in
+    int16 (no int8 rounding before it); float keeps the head in float, with the reason."""
+    gm, _ = fork
+    units = find_units(gm, qviz.prepare_pt2e(gm, _quantizer()).plan)
+    choice = [Precision(8, 8), Precision(4, 16), Precision(None, None)]
+    overrides = assignment_overrides(units, choice)
+    prepared = qviz.prepare_pt2e(gm, OverrideQuantizer(_quantizer(), overrides))
+    plan = prepared.plan
+    for layer in ("conv2d_1", "conv2d_2"):
+        weight = next(g for g in plan.groups if any(m.consumer == layer and "weight" in
+                      m.producer for m in g.members))  # fmt: skip
+        assert (weight.spec.quant_min, weight.spec.quant_max) == (-7, 7)
+    relu = plan.group_of("relu")
+    assert relu.spec.dtype == "int16" and {m.consumer for m in relu.members} >= {
+        "conv2d_1", "conv2d_2"}  # fmt: skip
+    assert plan.group_of("x -> conv2d").spec.dtype == "int8"  # the stem stays w8a8
+    assert "linear" in {f.node for f in plan.float_nodes}
+
+
+def test_precision_names_are_checked():
+    assert Precision.parse("W8A16") == Precision(8, 16)
+    for bad in ("w9a8", "w4a4", "int8", "w4"):
+        with pytest.raises(ConfigError):
+            Precision.parse(bad)
+
+
+# -- the search ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def searched(fork):
+    gm, data = fork
+    before = {k: v.clone() for k, v in gm.state_dict().items()}
+    result = search_precision(gm, _quantizer(), data, min_sqnr=40.0, progress=False)
+    after = gm.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the float model unchanged
+    return gm, data, result
+
+
+def test_the_answer_meets_the_target_and_reproduces_from_its_quantizer(searched):
+    """A fresh prepare / calibrate / convert with result.quantizer() (no copies) gives the
+    output SQNR the search measured, bit for bit, and it meets the target."""
+    gm, data, result = searched
+    assert result.met
+    prepared = qviz.prepare_pt2e(gm, result.quantizer())
+    qviz.calibrate(prepared, data, progress=False)
+    fresh = qviz.convert_pt2e(prepared)
+    with torch.no_grad():
+        ref = torch.cat([gm(x) for x in data])
+        ours = torch.cat([fresh(x) for x in data])
+    confirmed = [e for e in result.evaluations if e.point == result.chosen][-1]
+    assert all(torch.equal(result.model(x), fresh(x)) for x in data)
+    assert sqnr(ref, ours) == pytest.approx(confirmed.output_sqnr, rel=1e-6)
+    assert confirmed.output_sqnr >= 40.0
+    assert len(set(result.assignment().values())) > 1  # a mix: 4 bits where they do not hurt
+
+
+def test_the_answer_is_the_cheapest_confirmed_and_its_cheaper_neighbour_failed(searched):
+    _, _, result = searched
+    full = [e for e in result.evaluations if e.point is not None]
+    assert len(full) <= 8
+    passing = [e for e in full if e.meets]
+    assert result.chosen == min(e.point for e in passing)
+    if result.chosen > 0:  # the point just cheaper failed, measured or by its estimate
+        below = [e for e in full if e.point == result.chosen - 1]
+        assert (
+            below[0].output_sqnr < 40.0
+            if below
+            else result.front[result.chosen - 1].estimate < 40.0
+        )
+    costs = [p.cost for p in result.front]
+    assert costs == sorted(costs) and len(set(costs)) == len(costs)
+
+
+def test_it_is_no_dearer_than_the_cheapest_uniform_precision_that_meets(searched):
+    gm, data, result = searched
+    for name in ("w4a8", "w8a8", "w8a16"):
+        choice = [Precision.parse(name)] * len(result.units)
+        uniform = OverrideQuantizer(_quantizer(), assignment_overrides(list(result.units), choice))
+        prepared = qviz.prepare_pt2e(gm, uniform)
+        qviz.calibrate(prepared, data, progress=False)
+        model = qviz.convert_pt2e(prepared)
+        with torch.no_grad():
+            db = sqnr(torch.cat([gm(x) for x in data]), torch.cat([model(x) for x in data]))
+        if db >= 40.0:
+            cost = sum(s.cost for s in result.screened if s.precision == name)
+            assert result.front[result.chosen].cost <= cost
+            return
+    pytest.fail("no uniform precision met 40 dB: the test model needs another target")
