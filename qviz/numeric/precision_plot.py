@@ -19,13 +19,16 @@ from typing import Any
 from qviz.numeric.figure import new_figure
 
 _PASS, _FAIL, _FRONT, _CHOSEN = "#1a9850", "#d73027", "#7f7f7f", "#fdb863"
+#: The SVG id of front point ``i``'s element is ``POINT_ID + str(i)`` (what a widget clicks).
+POINT_ID = "qviz-point-"
 
 
 def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0, 4.2)) -> Any:
     """The Pareto front of ``result`` (a :class:`~qviz.numeric.PrecisionResult`): each point's
     estimated figure against its cost (grey), the full evaluations measured (green: meets the
     target, red: does not), the target (dashed), the chosen point (a star) and ``selected`` (a
-    front index, ringed). Returns a matplotlib Figure.
+    front index, ringed). Returns a matplotlib Figure; saved as SVG, front point ``i`` is the
+    element with id ``qviz-point-<i>`` (an invisible marker over it, see :data:`POINT_ID`).
 
     Example:
         >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
@@ -41,6 +44,8 @@ def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0,
     ax.plot(
         costs, figures, "-o", color=_FRONT, markersize=3, linewidth=1, label="front (estimated)"
     )
+    for i, (cost, figure) in enumerate(zip(costs, figures, strict=True)):  # one element each
+        ax.plot([cost], [figure], "o", markersize=12, alpha=0.0, zorder=6, gid=f"{POINT_ID}{i}")
     full = [e for e in result.evaluations if e.point is not None]
     for meets, colour, marker, name in ((True, _PASS, "o", "meets"), (False, _FAIL, "X", "misses")):
         shown = [e for e in full if e.meets == meets]

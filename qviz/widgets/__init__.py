@@ -16,6 +16,7 @@ from qviz.widgets.dashboard import NumericDashboard
 from qviz.widgets.editor import AnnotationEditor
 from qviz.widgets.explorer import CalibrationExplorer
 from qviz.widgets.graph_widget import GraphWidget
+from qviz.widgets.precision_explorer import PrecisionExplorer
 from qviz.widgets.qat_dashboard import QATDashboard
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "CalibrationExplorer",
     "GraphWidget",
     "NumericDashboard",
+    "PrecisionExplorer",
     "QATDashboard",
 ]
