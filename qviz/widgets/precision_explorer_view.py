@@ -69,7 +69,7 @@ class ParetoWidget(anywidget.AnyWidget):  # type: ignore[misc]
 
 def plot_svg(result: Any, selected: int | None) -> str:
     """The Pareto plot of ``result`` with front point ``selected`` ringed, as SVG text (no
-    prolog, no date: the same state gives the same text)."""
+    prolog; matplotlib's clip-path ids are random, so two plots on a page do not collide)."""
     fig = pareto_plot(result, selected=selected, size=_PLOT_SIZE)
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
