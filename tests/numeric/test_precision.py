@@ -206,3 +206,83 @@ def test_it_is_no_dearer_than_the_cheapest_uniform_precision_that_meets(searched
             assert result.front[result.chosen].cost <= cost
             return
     pytest.fail("no uniform precision met 40 dB: the test model needs another target")
+
+
+def test_the_result_draws_on_the_graph_and_lists_each_layer(searched):
+    gm, _, result = searched
+    from qviz.viz import graph
+
+    dot = graph(gm, metrics=result, metric_column="precision").dot
+    for precision in set(result.assignment().values()):
+        assert f"precision: {precision}" in dot
+    table = result.table()
+    assert table["node"].tolist() == ["conv2d", "conv2d_1", "conv2d_2", "linear"]
+    assert table["precision"].tolist() == [result.assignment()[n] for n in table["node"]]
+    assert {"screened w4a8", "screened float"} <= set(table.columns)
+    assert result.summary() in repr(result) and "<table>" in result._repr_html_()
+    fig = result.plot()
+    assert fig.axes[0].get_ylabel() == "output SQNR (dB)"
+
+
+def _accuracy(float_out, quant_out, target):
+    return float((quant_out.argmax(1) == float_out.argmax(1)).float().mean())
+
+
+def test_a_metric_target_with_its_own_screening_data_and_cost(fork):
+    """max_drop on an agreement metric; screening on one batch, confirming on all; weight
+    storage as the cost, or the user's function."""
+    gm, data = fork
+    seen = []
+
+    def cost(layer, precision):
+        seen.append((layer, precision.name))
+        return precision.bits[0]
+
+    result = search_precision(gm, _quantizer(), data, metric=_accuracy, max_drop=0.05,
+                              screening_data=data[:1], cost=cost, progress=False)  # fmt: skip
+    assert result.met and result.target == "metric" and result.float_metric == 1.0
+    confirmed = [e for e in result.evaluations if e.point == result.chosen][-1]
+    assert confirmed.metric >= 0.95
+    assert {layer for layer, _ in seen} == {"conv2d", "conv2d_1", "conv2d_2", "linear"}
+    assert result.cost_unit == "cost"
+    size = search_precision(gm, _quantizer(), data, min_sqnr=20.0, cost="size",
+                            candidates=["w8a8"], progress=False)  # fmt: skip
+    w8 = 8 * 3 * 3 * 3 + 8 * 8 * 3 * 3 + 8 * 8 + 8 * 4  # weight elements, one byte each
+    assert size.cost_unit == "KiB" and size.front[0].cost == pytest.approx(w8 / 1024)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give one target"),
+        ({"min_sqnr": 30.0, "max_drop": 0.01}, "give one target"),
+        ({"max_drop": 0.01}, "a drop of what"),
+        ({"min_sqnr": 30.0, "candidates": ["w4a4"]}, "activation_bits must be 8 or 16"),
+        ({"min_sqnr": 30.0, "cost": "latency"}, "cost='latency'"),
+        ({"min_sqnr": 30.0, "layers": ["relu"]}, "'relu' is not an operator with an observed"),
+        ({"min_sqnr": 30.0, "max_evaluations": 0}, "max_evaluations=0"),
+        ({"min_sqnr": "high"}, "min_sqnr='high'"),
+    ],
+)
+def test_bad_arguments_are_named(fork, kwargs, message):
+    gm, data = fork
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        search_precision(gm, _quantizer(), data, progress=False, **kwargs)
+
+
+def test_a_quantized_model_is_refused(fork):
+    gm, data = fork
+    prepared = qviz.prepare_pt2e(gm, _quantizer())
+    with pytest.raises(ConfigError, match="search_precision"):
+        search_precision(prepared, _quantizer(), data, min_sqnr=30.0, progress=False)
+
+
+def test_an_unmet_target_says_so(fork):
+    gm, data = fork
+    result = search_precision(gm, _quantizer(), data, min_sqnr=200.0,
+                              candidates=["w4a8", "w8a8"], progress=False)  # fmt: skip
+    assert not result.met and result.model is None
+    assert result.summary().startswith("no assignment met output SQNR >= 200 dB")
+    with pytest.raises(ConfigError, match="no assignment met the target"):
+        result.quantizer()
+    assert isinstance(result.quantizer(point=-1), OverrideQuantizer)  # any point, on request

@@ -259,6 +259,24 @@ def sensitivity_scenario(rank: int, world: int, group) -> dict:
     return {"df": df, "attrs": dict(df.attrs)}
 
 
+def precision_scenario(rank: int, world: int, group) -> dict:
+    """A mixed-precision search of the residual toy over the shards: every variant calibrated
+    on all of them (min/max observers: exact), every screening and confirmation scored over
+    all of them, so every rank makes the choices one process makes over the union."""
+    from qviz.numeric import search_precision
+
+    batches = toy_batches()
+    gm, _ = toy_prepared()
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    config = _with_activation_observer(config, MinMaxObserver.with_args(eps=2**-12))
+    mine = range(len(batches)) if group is None else shards(world, len(batches))[rank]
+    result = search_precision(
+        gm, XNNPACKQuantizer().set_global(config), [batches[i] for i in mine], min_sqnr=35.0,
+        candidates=["w4a8", "w8a8", "float"], progress=False, group=group,
+    )  # fmt: skip
+    return {"records": (result.screened, result.front, result.evaluations, result.chosen)}
+
+
 def qat_scenario(rank: int, world: int, group, only: int | None = None) -> dict:
     """A QAT-prepared digits model (fused fake-quantize modules, moving averages) run on
     shards, its BatchNorm in eval mode: the fake quantizers' observers merge by the moving-average
@@ -434,6 +452,7 @@ SCENARIOS = {
     "quantizers": quantizers_scenario,
     "compare": compare_scenario,
     "sensitivity": sensitivity_scenario,
+    "precision": precision_scenario,
     "compare_modules": compare_modules_scenario,
     "qat": qat_scenario,
     "failure": failure_scenario,

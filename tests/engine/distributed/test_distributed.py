@@ -197,6 +197,16 @@ def test_sensitivity_on_every_rank_equals_one_process(ranks, one_thread):
         assert result["attrs"] == single["attrs"], f"rank {rank}"
 
 
+def test_precision_search_on_every_rank_equals_one_process(ranks, one_thread):
+    """The same screened figures, front, full evaluations and choice, bit for bit."""
+    world, _ = ranks
+    merged = _results(ranks, "precision")
+    single = w.precision_scenario(0, world, None)
+    for rank, result in enumerate(merged):
+        assert result["records"] == single["records"], f"rank {rank}"
+        assert result["records"][2], "no full evaluation ran"
+
+
 def test_a_failing_rank_is_named_on_every_rank_and_nobody_hangs(ranks):
     """Its error's class on every rank (a batch that does not bind is a ConfigError, as in one
     process), naming the rank and the batch."""
