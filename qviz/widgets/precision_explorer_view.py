@@ -34,7 +34,7 @@ from qviz.widgets.layout import row, scrolling, split
 _STATIC = Path(__file__).parent / "static"
 #: The plot's size in inches: at the CSS min-width of the SVG its legend is still 10 px.
 _PLOT_SIZE = (5.6, 3.5)
-_GREY = "color:#555"
+_GREY = "color:#555;line-height:1.4"
 
 
 class ParetoWidget(anywidget.AnyWidget):  # type: ignore[misc]
@@ -136,7 +136,7 @@ def point_html(result: Any, point: int) -> str:
             f"measured <b>{_figure(result, result.figure_of(e))}</b>: "
             f'<b style="color:{colour}">{verdict}</b> {html.escape(result.target_text())}'
         )
-    return f'<div class="qviz-precision-point">{head}<br>{measured}</div>'
+    return f'<div class="qviz-precision-point" style="line-height:1.4">{head}<br>{measured}</div>'
 
 
 def _figure(result: Any, value: float) -> str:
@@ -177,6 +177,22 @@ def table_html(table: Any) -> str:
     )
 
 
+def table_note(result: Any, point: int) -> str:
+    """What the per-layer table shows, above it.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> "the output SQNR (dB)" in table_note(SimpleNamespace(target="output_sqnr"), 2)
+        True
+    """
+    figure = "the metric" if result.target == "metric" else "the output SQNR (dB)"
+    return (
+        f'<div style="{_GREY}"><b>point {point}, layer by layer</b>: each layer\'s precision '
+        f"and its unit's cost there; <b>screened P</b>: {figure} with that unit alone at "
+        f"precision P</div>"
+    )
+
+
 class Explorer(Protocol):
     """What :class:`PrecisionExplorerView` reads and calls: a PrecisionExplorer's surface."""
 
@@ -202,7 +218,7 @@ class PrecisionExplorerView:
     Attributes:
         widget: the ipywidgets box shown in Jupyter.
         plot: the :class:`ParetoWidget`; ``point``, ``table``, ``summary``, ``used``,
-            ``status``: HTML outputs; ``use``: the "use this" button.
+            ``status``, ``table_note``: HTML outputs; ``use``: the "use this" button.
         graph: the :class:`~qviz.widgets.graph_widget.GraphWidget` (None without a graph).
 
     Example:
@@ -214,7 +230,7 @@ class PrecisionExplorerView:
         >>> gm = qviz.export(torch.nn.ReLU(), (torch.randn(2),))
         >>> view = PrecisionExplorer(r, gm, graph=False).view
         >>> view.plot.picked = {"index": 0, "n": 1}   # a click on point 0
-        >>> view.point.value.startswith('<div class="qviz-precision-point"><b>point 0</b>')
+        >>> "<b>point 0</b>" in view.point.value
         True
     """
 
@@ -243,8 +259,10 @@ class PrecisionExplorerView:
             "(grey), the full evaluations (green: meets the target, red: misses)</div>"
         )
         panel = w.VBox([self.summary, w.HTML(caption), self.plot, self.point,
-                        row([self.use, self.used]), self.status, self.table])  # fmt: skip
-        self.widget = split(self.graph, panel, graph_width="40%")
+                        row([self.use, self.used]), self.status])  # fmt: skip
+        self.table_note = w.HTML()
+        table = w.VBox([self.table_note, self.table], layout=w.Layout(width="100%"))
+        self.widget = w.VBox([split(self.graph, panel, graph_width="45%"), table])
 
     def refresh(self) -> None:
         """Show the explorer's state: plot, point line, table, graph, use, status."""
@@ -255,6 +273,7 @@ class PrecisionExplorerView:
         self.plot.svg = self._svgs[i]
         self.point.value = point_html(ex.result, i)
         self.table.value = table_html(ex.result.table(i))
+        self.table_note.value = table_note(ex.result, i)
         if self._pane is not None and self._drawn != i:
             self._drawn = i
             self._pane.draw(ex.float_model, metrics=ex.result.at(i), metric_column="precision")
