@@ -145,11 +145,34 @@ class PrecisionExplorer(ViewOwner):
 
     @property
     def evaluation(self) -> Evaluation | None:
-        """The full evaluation of the point shown (None: it was only estimated)."""
+        """The full evaluation of the point shown (None: it was only estimated).
+
+        Example:
+            >>> from qviz.numeric.precision_result import Evaluation, FrontPoint, PrecisionResult
+            >>> import torch, qviz
+            >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
+            ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())),
+            ...     (Evaluation(1, 2.0, 44.0, None, True),), 1)
+            >>> ex = PrecisionExplorer(r, qviz.export(torch.nn.ReLU(), (torch.randn(2),)),
+            ...                        graph=False)
+            >>> ex.evaluation.output_sqnr, ex.select(0).evaluation
+            (44.0, None)
+        """
         return evaluation_of(self.result, self.selected)
 
     def table(self) -> Any:
-        """The per-layer table of the point shown (``result.table(selected)``): a DataFrame."""
+        """The per-layer table of the point shown (``result.table(selected)``): a DataFrame.
+
+        Example:
+            >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+            >>> import torch, qviz
+            >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
+            ...     (FrontPoint(1.0, 30.0, ()),), (), None)
+            >>> ex = PrecisionExplorer(r, qviz.export(torch.nn.ReLU(), (torch.randn(2),)),
+            ...                        graph=False)
+            >>> len(ex.table())   # a result built by hand has no layers
+            0
+        """
         return self.result.table(self.selected)
 
     def _index(self, point: Any) -> int:

@@ -69,7 +69,16 @@ class ParetoWidget(anywidget.AnyWidget):  # type: ignore[misc]
 
 def plot_svg(result: Any, selected: int | None) -> str:
     """The Pareto plot of ``result`` with front point ``selected`` ringed, as SVG text (no
-    prolog; matplotlib's clip-path ids are random, so two plots on a page do not collide)."""
+    prolog; matplotlib's clip-path ids are random, so two plots on a page do not collide).
+
+    Example:
+        >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+        >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
+        ...                     (FrontPoint(1.0, 28.0, ("w4a8",)),), (), None)
+        >>> svg = plot_svg(r, 0)
+        >>> svg.startswith("<svg"), 'id="qviz-point-0"' in svg
+        (True, True)
+    """
     fig = pareto_plot(result, selected=selected, size=_PLOT_SIZE)
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
@@ -77,7 +86,16 @@ def plot_svg(result: Any, selected: int | None) -> str:
 
 
 def point_labels(result: Any) -> list[str]:
-    """The hover text of each front point: its index, cost and estimated figure."""
+    """The hover text of each front point: its index, cost and estimated figure.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from qviz.numeric.precision_result import FrontPoint
+        >>> r = SimpleNamespace(front=(FrontPoint(0.5, 0.97, ("w8a8",)),), cost_unit="GBOP",
+        ...                     chosen=0)
+        >>> point_labels(r)
+        ['point 0: cost 0.5 GBOP, estimate 0.97 (chosen)']
+    """
     return [
         f"point {i}: cost {p.cost:.4g} {result.cost_unit}, estimate {p.estimate:.4g}"
         + (" (chosen)" if i == result.chosen else "")
