@@ -49,6 +49,8 @@ def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0,
     full = [e for e in result.evaluations if e.point is not None]
     for meets, colour, marker, name in ((True, _PASS, "o", "meets"), (False, _FAIL, "X", "misses")):
         shown = [e for e in full if e.meets == meets]
+        if not shown:
+            continue
         ax.scatter(
             [e.cost for e in shown],
             _drawable([result.figure_of(e) for e in shown]),

@@ -208,7 +208,7 @@ class PrecisionResult:
 
     def _figure_text(self, e: Evaluation) -> str:
         if self.target == "metric":
-            return f"metric {e.metric:.4g} (float {self.float_metric:.4g})"
+            return f"metric {e.metric:#.4g} (float {self.float_metric:#.4g})"
         return f"output SQNR {e.output_sqnr:.2f} dB"
 
     def __repr__(self) -> str:
@@ -224,8 +224,8 @@ class PrecisionResult:
         head = "".join(f"<th>{c}</th>" for c in ("point", "cost", "estimate", "measured", "meets"))
         rows = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-                e.point, f"{e.cost:.4g}", f"{self.front[e.point].estimate:.4g}",
-                f"{self.figure_of(e):.4g}", "yes" if e.meets else "no")) + "</tr>"
+                e.point, f"{e.cost:#.4g}", f"{self.front[e.point].estimate:#.4g}",
+                f"{self.figure_of(e):#.4g}", "yes" if e.meets else "no")) + "</tr>"
             for e in self.evaluations if e.point is not None
         )  # fmt: skip
         return (
