@@ -1,7 +1,8 @@
 """Which layers need more bits: the cheapest mixed-precision assignment that meets an accuracy
 target, confirmed by full evaluations, with the trade-off it was chosen from.
 
-:func:`search_precision` runs in three steps:
+:func:`search_precision` first evaluates every unit at its cheapest candidate in full: when that
+meets the target there is nothing to search. Otherwise it runs three steps:
 
 1. **Screen.** Every unit (a weighted layer with the activations that feed it,
    :mod:`qviz.numeric.precision_units`) is measured at each candidate precision, every other
@@ -43,7 +44,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch.fx import GraphModule
@@ -173,8 +174,10 @@ def search_precision(
                               layers, screening_data, calibration_data)  # fmt: skip
     out = distributed.sharded(setup, group, _WHERE, share=lambda _: None)
     search = _Search(out.result, target, out.shard.group, progress and out.shard.rank == 0)
-    search.screen()
-    search.confirm(_positive(max_evaluations))
+    budget = _positive(max_evaluations)
+    if not search.first_guess():
+        search.screen()
+        search.confirm(budget - 1)
     return search.result()
 
 
@@ -284,12 +287,11 @@ class _Search:
         """Each unit at each of its options, the others at their reference: the penalty it
         adds to the reference's (never below 0)."""
         s = self.s
-        s.full.score_float()
         if s.screen is not s.full:
             s.screen.score_float()
         self._calibrate_once()
         score = s.screen.score(self._build(self.ref))
-        self.reference = self._evaluation(None, self.ref, score, s.screen)
+        self.reference = self._evaluation(None, self.ref, score, s.screen, screening=True)
         ref_penalty = self._penalty(s.screen, score)
         pairs = [(u, o) for u, opts in enumerate(s.options) for o in range(len(opts))]
         for u, o in progress_bar(pairs, self.show, "screening precisions"):
@@ -305,9 +307,27 @@ class _Search:
         self.ref_penalty = ref_penalty
 
     def _evaluation(self, point: int | None, choice: Sequence[int], score: Any,
-                    scorer: VariantScorer) -> Evaluation:  # fmt: skip
+                    scorer: VariantScorer, screening: bool = False) -> Evaluation:  # fmt: skip
         meets = self._penalty(scorer, score) <= self.target.allowed
-        return Evaluation(point, self._cost(choice), score[0], score[1], meets)
+        return Evaluation(point, self._cost(choice), score[0], score[1], meets, screening)
+
+    def first_guess(self) -> bool:
+        """Every unit at its cheapest option, evaluated in full before anything is screened:
+        True (nothing to search) when it meets the target."""
+        s = self.s
+        s.full.score_float()
+        self.cheapest = [min(range(len(c)), key=lambda o: (c[o], o)) for c in s.costs]
+        model = self._build(self.cheapest)
+        self.guess_score = s.full.score(model)
+        self.guess = self._evaluation(None, self.cheapest, self.guess_score, s.full)
+        if not self.guess.meets:
+            return False
+        figure = self.target.figure(self._penalty(s.full, self.guess_score), s.full.float_metric)
+        names = tuple(s.options[u][o].name for u, o in enumerate(self.cheapest))
+        self.front = [FrontPoint(self.guess.cost, figure, names)]
+        self.guess = replace(self.guess, point=0)
+        self.reference, self.chosen, self.model = None, 0, model
+        return True
 
     def confirm(self, budget: int) -> None:
         """Evaluate front points in full, as :func:`next_probe` picks them."""
@@ -322,6 +342,10 @@ class _Search:
         ]  # fmt: skip
         passed: dict[int, float] = {}
         failed: dict[int, float] = {}
+        guess = next((i for i, p in enumerate(points) if list(p[2]) == self.cheapest), None)
+        if guess is not None:  # the first guess is a front point: it failed there
+            failed[guess] = self._penalty(s.full, self.guess_score)
+            self.guess = replace(self.guess, point=guess)
         for _ in progress_bar(range(budget), self.show, "confirming the front"):
             i = next_probe(estimates, self.target.allowed, passed, failed)
             if i is None:
@@ -343,7 +367,8 @@ class _Search:
             self.target.kind, self.target.limit, s.full.float_metric, s.cost_unit,
             tuple(s.units), layers, tuple(opts[r].name for opts, r in zip(s.options, self.ref,
             strict=True)), tuple(self.screened), tuple(self.front),
-            (self.reference, *self.evaluations), self.chosen,
+            tuple(e for e in (self.reference, self.guess, *self.evaluations) if e is not None),
+            self.chosen,
             fingerprint=None if self.model is None else fingerprint(self.model),
             float_fingerprint=fingerprint(s.gm), base=s.base, model=self.model,
         )  # fmt: skip

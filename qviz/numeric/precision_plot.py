@@ -46,7 +46,7 @@ def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0,
     )
     for i, (cost, figure) in enumerate(zip(costs, figures, strict=True)):  # one element each
         ax.plot([cost], [figure], "o", markersize=12, alpha=0.0, zorder=6, gid=f"{POINT_ID}{i}")
-    full = [e for e in result.evaluations if e.point is not None]
+    full = result.full_evaluations
     for meets, colour, marker, name in ((True, _PASS, "o", "meets"), (False, _FAIL, "X", "misses")):
         shown = [e for e in full if e.meets == meets]
         if not shown:

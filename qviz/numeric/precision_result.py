@@ -42,15 +42,17 @@ class FrontPoint:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A measurement of one assignment: ``point`` its front index (None: the reference every
-    option was screened against, on the screening data), the output SQNR in dB against float,
-    the metric (None without one), and whether it meets the target."""
+    """A measurement of one assignment: ``point`` its front index (None: an assignment off the
+    front), the output SQNR in dB against float, the metric (None without one), whether it
+    meets the target, and ``screening``: True for the reference every option was screened
+    against (measured on the screening data), False for a full evaluation on ``data``."""
 
     point: int | None
     cost: float
     output_sqnr: float
     metric: float | None
     meets: bool
+    screening: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,13 +188,18 @@ class PrecisionResult:
         """The figure the target is on (the metric, or output SQNR in dB) of an evaluation."""
         return self._figure(evaluation)
 
+    @property
+    def full_evaluations(self) -> tuple[Evaluation, ...]:
+        """The evaluations of whole assignments on the evaluation data (not the screening)."""
+        return tuple(e for e in self.evaluations if not e.screening)
+
     def target_text(self) -> str:
         if self.target == "metric":
             return f"metric drop <= {self.limit:g}"
         return f"output SQNR >= {self.limit:g} dB"
 
     def summary(self) -> str:
-        full = sum(e.point is not None for e in self.evaluations)
+        full = len(self.full_evaluations)
         if not self.met:
             return f"no assignment met {self.target_text()} in {full} full evaluation(s)"
         point = self.front[int(self.chosen or 0)]
@@ -200,7 +207,7 @@ class PrecisionResult:
         for p in point.choice:
             counts[p] = counts.get(p, 0) + 1
         mix = ", ".join(f"{n} {p}" for p, n in sorted(counts.items(), key=lambda i: i[0]))
-        best = [e for e in self.evaluations if e.point == self.chosen][-1]
+        best = [e for e in self.full_evaluations if e.point == self.chosen][-1]
         return (
             f"{mix}: cost {point.cost:.4g} {self.cost_unit}, {self._figure_text(best)} "
             f"({self.target_text()}), {full} full evaluation(s)"
@@ -226,7 +233,7 @@ class PrecisionResult:
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
                 e.point, f"{e.cost:#.4g}", f"{self.front[e.point].estimate:#.4g}",
                 f"{self.figure_of(e):#.4g}", "yes" if e.meets else "no")) + "</tr>"
-            for e in self.evaluations if e.point is not None
+            for e in self.full_evaluations if e.point is not None
         )  # fmt: skip
         return (
             f"<p><b>search_precision</b>: {html.escape(self.summary())}</p>"

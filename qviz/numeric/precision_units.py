@@ -9,10 +9,10 @@ quantized tensor, so they are one unit: the plan's sharing groups decide, as the
 one observer measures.
 
 A unit at ``w4a16`` gets, through :class:`~qviz.engine.quantizers.override.OverrideQuantizer`,
-4-bit weights (the base quantizer's weight spec, its range narrowed: ``-7..7`` for a symmetric
-one) and int16 for every tensor of each activation group that feeds it (the producer's output
-and every edge that shares it, so the value is not rounded to int8 first); ``float`` leaves its
-layers in float (the plan says "user fallback").
+4-bit weights (the base quantizer's weight spec, its range narrowed to ``-8..7``) and int16
+for every tensor of each activation group that feeds it (the producer's output and every edge
+that shares it, so the value is not rounded to int8 first); ``float`` leaves its layers in
+float (the plan says "user fallback").
 
 Example:
     >>> Precision.parse("w4a8"), Precision.parse("float").name
@@ -114,7 +114,7 @@ class Unit:
     Example:
         >>> u = Unit("linear", ("linear",), (("w -> linear", -127, 127),), ("x -> linear",), 8)
         >>> u.overrides(Precision(4, 16))
-        {'w -> linear': {'quant_min': -7, 'quant_max': 7}, 'x -> linear': {'dtype': 'int16'}}
+        {'w -> linear': {'quant_min': -8, 'quant_max': 7}, 'x -> linear': {'dtype': 'int16'}}
     """
 
     name: str
@@ -140,18 +140,23 @@ class Unit:
 
 
 def weight_range(quant_min: int, quant_max: int, bits: int) -> tuple[int, int]:
-    """The ``bits``-bit range of the same kind as ``quant_min..quant_max``: symmetric
-    restricted (``-127..127`` -> ``-7..7``), signed full (``-128..127`` -> ``-8..7``) or
-    unsigned (``0..255`` -> ``0..15``).
+    """The ``bits``-bit range for a weight the base quantizer stores in ``quant_min..quant_max``:
+    that range itself at its own width, else every level of the narrower integer (signed
+    ``-8..7`` at 4 bits, as ExecuTorch's int4 and AIMET's 4-bit weights; unsigned ``0..15``).
 
     Example:
-        >>> weight_range(-127, 127, 4), weight_range(-128, 127, 4), weight_range(0, 255, 4)
-        ((-7, 7), (-8, 7), (0, 15))
+        >>> weight_range(-127, 127, 8), weight_range(-127, 127, 4), weight_range(0, 255, 4)
+        ((-127, 127), (-8, 7), (0, 15))
     """
+    if bits >= _bits_of(quant_min, quant_max):
+        return quant_min, quant_max
     if quant_min >= 0:
         return 0, 2**bits - 1
-    half = 2 ** (bits - 1)
-    return (-(half - 1), half - 1) if quant_min == -quant_max else (-half, half - 1)
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def _bits_of(quant_min: int, quant_max: int) -> int:
+    return max(1, math.ceil(math.log2(quant_max - quant_min + 1)))
 
 
 def _key(producer: str, consumer: str | None) -> str:
@@ -159,7 +164,7 @@ def _key(producer: str, consumer: str | None) -> str:
 
 
 def _bits(spec: Any) -> int:
-    return max(1, math.ceil(math.log2(spec.quant_max - spec.quant_min + 1)))
+    return _bits_of(spec.quant_min, spec.quant_max)
 
 
 def find_units(gm: GraphModule, plan: Any, layers: Any = None) -> list[Unit]:

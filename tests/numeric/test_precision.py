@@ -130,7 +130,7 @@ def test_a_precision_is_what_the_plan_observes(fork):
     for layer in ("conv2d_1", "conv2d_2"):
         weight = next(g for g in plan.groups if any(m.consumer == layer and "weight" in
                       m.producer for m in g.members))  # fmt: skip
-        assert (weight.spec.quant_min, weight.spec.quant_max) == (-7, 7)
+        assert (weight.spec.quant_min, weight.spec.quant_max) == (-8, 7)
     relu = plan.group_of("relu")
     assert relu.spec.dtype == "int16" and {m.consumer for m in relu.members} >= {
         "conv2d_1", "conv2d_2"}  # fmt: skip
@@ -286,3 +286,12 @@ def test_an_unmet_target_says_so(fork):
     with pytest.raises(ConfigError, match="no assignment met the target"):
         result.quantizer()
     assert isinstance(result.quantizer(point=-1), OverrideQuantizer)  # any point, on request
+
+
+def test_when_the_cheapest_assignment_meets_the_target_nothing_is_screened(fork):
+    gm, data = fork
+    result = search_precision(gm, _quantizer(), data, min_sqnr=20.0, progress=False)
+    assert result.met and not result.screened and len(result.front) == 1
+    assert set(result.assignment().values()) == {"w4a8"}
+    assert [(e.point, e.screening) for e in result.evaluations] == [(0, False)]
+    assert result.evaluations[0].output_sqnr >= 20.0
