@@ -109,6 +109,11 @@ class _Target:
         return math.inf if penalty <= 0 else -10 * math.log10(penalty)
 
 
+def _noise(sqnr: float) -> float:
+    """Output noise power over signal power, from the SQNR in dB."""
+    return 0.0 if sqnr == math.inf else 10 ** (-sqnr / 10)
+
+
 def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise ConfigError(f"search_precision({name}={value!r}): give a number")
@@ -251,6 +256,7 @@ class _Search:
         self.s, self.target, self.group, self.show = state, target, group, show
         self.ref = [max(range(len(c)), key=lambda o: (c[o], o)) for c in state.costs]
         self.deltas = [[0.0] * len(opts) for opts in state.options]
+        self.noise = [[0.0] * len(opts) for opts in state.options]  # output noise, always
         self.screened: list[Screened] = []
         self.evaluations: list[Evaluation] = []
         self.front: list[FrontPoint] = []
@@ -300,6 +306,7 @@ class _Search:
             if o != self.ref[u]:
                 score = s.screen.score(self._build(choice))
                 self.deltas[u][o] = max(0.0, self._penalty(s.screen, score) - ref_penalty)
+                self.noise[u][o] = max(0.0, _noise(score[0]) - _noise(self.reference.output_sqnr))
             else:
                 score = (self.reference.output_sqnr, self.reference.metric)
             self.screened.append(Screened(s.units[u].name, s.options[u][o].name,
@@ -332,7 +339,8 @@ class _Search:
     def confirm(self, budget: int) -> None:
         """Evaluate front points in full, as :func:`next_probe` picks them."""
         s = self.s
-        options = [list(zip(c, d, strict=True)) for c, d in zip(s.costs, self.deltas, strict=True)]
+        deltas = self._tie_broken()
+        options = [list(zip(c, d, strict=True)) for c, d in zip(s.costs, deltas, strict=True)]
         points = pareto_front(options)
         estimates = [self.ref_penalty + p for _, p, _ in points]
         self.front = [
@@ -358,6 +366,19 @@ class _Search:
             if e.meets and i == min(passed):
                 self.model = model
         self.chosen = min(passed) if passed else None
+
+    def _tie_broken(self) -> list[list[float]]:
+        """A metric moves in steps (one sample of a few hundred), so many options screen at
+        the same drop, 0 most often: the output noise each adds orders them, weighted so that
+        all of it together stays below half the smallest step of the metric."""
+        if self.target.kind != "metric":
+            return self.deltas
+        steps = [d for row in self.deltas for d in row if d > 0]
+        step = min(steps, default=self.target.allowed) or 1e-3
+        total = sum(max(row) for row in self.noise)
+        weight = 0.5 * step / total if total > 0 else 0.0
+        return [[d + weight * n for d, n in zip(drops, noise, strict=True)]
+                for drops, noise in zip(self.deltas, self.noise, strict=True)]  # fmt: skip
 
     def result(self) -> PrecisionResult:
         s = self.s
