@@ -21,7 +21,8 @@ meets the target there is nothing to search. Otherwise it runs three steps:
 
 Distributed (``group=``, as :func:`~qviz.numeric.sensitivity`): every data argument is this
 rank's shard, each variant is calibrated and scored over all shards, and every rank makes the
-same choices from the same merged figures.
+same choices from the same merged figures. ``qviz.viz.graph(exported_model, metrics=result,
+metric_column="precision")`` colours each layer of the graph by its precision.
 
 Example:
     >>> import torch, qviz
@@ -34,7 +35,7 @@ Example:
     >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
     >>> result = search_precision(gm, q, data, min_sqnr=25.0, candidates=["w4a8", "w8a8"],
     ...                           progress=False)
-    >>> result.met, sorted(set(result.assignment().values())) <= ["w4a8", "w8a8"]
+    >>> result.met, set(result.assignment().values()) <= {"w4a8", "w8a8"}
     (True, True)
 """
 
@@ -142,36 +143,33 @@ def search_precision(
     Args:
         exported_model: the float graph module from :func:`qviz.export` (not changed).
         quantizer: the base quantizer (its specs are the 8-bit starting point).
-        data: evaluation batches; the target is confirmed on them.
+        data: evaluation batches (the target is confirmed on them).
         metric: ``metric(float_out, quant_out, target) -> float``, higher is better.
         max_drop: the metric's largest allowed drop from the float model's (with ``metric``).
         min_sqnr: or: the smallest allowed output SQNR in dB against the float model.
         candidates: precisions per layer: ``"w4a8"``, ``"w8a8"``, ``"w8a16"``, ``"float"`` ...
-        cost: ``"bops"`` (bit operations), ``"size"`` (weight storage) or a function
-            ``cost(layer, precision) -> float`` (:mod:`qviz.numeric.precision_cost`).
+        cost: ``"bops"``, ``"size"`` or ``cost(layer, precision)``: see precision_cost.
         layers: the weighted layers to search over (default: all; others keep the base's).
         screening_data: batches each unit's options are measured on (default: ``data``).
         calibration_data: batches to calibrate on (default: ``data``).
-        max_evaluations: the most full evaluations that confirm the front.
+        max_evaluations: the most full evaluations (the first guess included).
         progress: progress bars for the screening and the confirmation.
         group: a ``torch.distributed`` process group, or ``False``: see the module docstring.
 
     Returns:
-        A :class:`~qviz.numeric.precision_result.PrecisionResult`: ``result.quantizer()``
-        reproduces the choice, ``result.table()`` lists it, ``result.plot()`` draws the front,
-        ``qviz.viz.graph(result.model, metrics=result, metric_column="precision")`` colours it.
+        A :class:`~qviz.numeric.PrecisionResult`: ``.quantizer()`` reproduces the choice,
+        ``.table()`` lists it, ``.plot()`` draws the front (module docstring: the graph).
 
     Raises:
-        ConfigError: no target or two, ``max_drop`` without a metric, an unknown candidate or
-            cost, a layer without an observed weight, or a batch that does not bind (named).
+        ConfigError: no target or two, a bad candidate, cost, layer or batch (each named).
 
     Example:
         >>> import torch, qviz
         >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
         >>> gm = qviz.export(torch.nn.Linear(8, 4).eval(), (torch.randn(16, 8),))
         >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-        >>> r = search_precision(gm, q, [torch.randn(16, 8)], min_sqnr=60.0, progress=False)
-        >>> r.assignment()  # 60 dB needs the layer in float
+        >>> search_precision(gm, q, [torch.randn(16, 8)], min_sqnr=60.0,
+        ...                  progress=False).assignment()  # 60 dB: the layer in float
         {'linear': 'float'}
     """
     target = _Target.of(metric, max_drop, min_sqnr)
@@ -179,10 +177,9 @@ def search_precision(
                               layers, screening_data, calibration_data)  # fmt: skip
     out = distributed.sharded(setup, group, _WHERE, share=lambda _: None)
     search = _Search(out.result, target, out.shard.group, progress and out.shard.rank == 0)
-    budget = _positive(max_evaluations)
     if not search.first_guess():
         search.screen()
-        search.confirm(budget - 1)
+        search.confirm(_positive(max_evaluations) - 1)
     return search.result()
 
 

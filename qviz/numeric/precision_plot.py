@@ -46,6 +46,32 @@ def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0,
     )
     for i, (cost, figure) in enumerate(zip(costs, figures, strict=True)):  # one element each
         ax.plot([cost], [figure], "o", markersize=12, alpha=0.0, zorder=6, gid=f"{POINT_ID}{i}")
+    _draw_measured(ax, result)
+    if selected is not None and result.front:
+        ax.scatter(
+            [costs[selected]],
+            [figures[selected]],
+            s=220,
+            facecolor="none",
+            edgecolor="black",
+            linewidth=1.5,
+            zorder=5,
+            label=f"point {selected}",
+        )
+    ax.axhline(
+        _target_line(result), color="black", linestyle="--", linewidth=1, label=result.target_text()
+    )
+    if costs and max(costs) > 20 * max(min(costs), 1e-12):
+        _log_costs(ax)
+    ax.set_xlabel(f"cost ({result.cost_unit})")
+    ax.set_ylabel("metric" if result.target == "metric" else "output SQNR (dB)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9, loc="lower right")
+    return fig
+
+
+def _draw_measured(ax: Any, result: Any) -> None:
+    """The full evaluations (green: meets, red: misses) and the chosen one (a star)."""
     full = result.full_evaluations
     for meets, colour, marker, name in ((True, _PASS, "o", "meets"), (False, _FAIL, "X", "misses")):
         shown = [e for e in full if e.meets == meets]
@@ -64,33 +90,17 @@ def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0,
     if chosen:  # where it was measured
         ax.scatter([chosen[-1].cost], _drawable([result.figure_of(chosen[-1])]), marker="*",
                    s=260, color=_CHOSEN, edgecolor="black", zorder=4, label="chosen")  # fmt: skip
-    if selected is not None and result.front:
-        ax.scatter(
-            [costs[selected]],
-            [figures[selected]],
-            s=220,
-            facecolor="none",
-            edgecolor="black",
-            linewidth=1.5,
-            zorder=5,
-            label=f"point {selected}",
-        )
-    ax.axhline(
-        _target_line(result), color="black", linestyle="--", linewidth=1, label=result.target_text()
-    )
-    if costs and max(costs) > 20 * max(min(costs), 1e-12):
-        from matplotlib.ticker import FuncFormatter, LogLocator
 
-        ax.set_xscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.002, 0.005, 0.01 ...
-        ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(plain)
-    ax.set_xlabel(f"cost ({result.cost_unit})")
-    ax.set_ylabel("metric" if result.target == "metric" else "output SQNR (dB)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=9, loc="lower right")
-    return fig
+
+def _log_costs(ax: Any) -> None:
+    """Costs on a log axis, labelled 0.002, 0.005, 0.01 ... (minor labels included)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
 
 
 def _target_line(result: Any) -> float:

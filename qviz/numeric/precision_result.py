@@ -207,9 +207,10 @@ class PrecisionResult:
         for p in point.choice:
             counts[p] = counts.get(p, 0) + 1
         mix = ", ".join(f"{n} {p}" for p, n in sorted(counts.items(), key=lambda i: i[0]))
-        best = [e for e in self.full_evaluations if e.point == self.chosen][-1]
+        best = [e for e in self.full_evaluations if e.point == self.chosen]
+        figure = self._figure_text(best[-1]) if best else f"estimated {point.estimate:#.4g}"
         return (
-            f"{mix}: cost {point.cost:.4g} {self.cost_unit}, {self._figure_text(best)} "
+            f"{mix}: cost {point.cost:.4g} {self.cost_unit}, {figure} "
             f"({self.target_text()}), {full} full evaluation(s)"
         )
 

@@ -130,7 +130,6 @@ def sensitivity(
         >>> df["node"].tolist(), df.attrs["mode"]
         (['linear'], 'solo')
     """
-
     setup = functools.partial(_setup, exported_model, quantizer, data, metric, mode,
                               calibration_data)  # fmt: skip
     out = distributed.sharded(setup, group, "sensitivity", share=lambda _: None)
