@@ -99,7 +99,8 @@ def _quantsim(model: torch.nn.Module, example: torch.Tensor, calib: list, per_ch
     """AIMET W8A8 QuantizationSimModel of ``model`` prepared and BatchNorm-folded, calibrated.
 
     ``prepare_model`` (torch.fx) gives functional adds their own quantized modules and reused
-    modules (torchvision's one ReLU per block) a copy per call, as AIMET's flow asks.
+    modules (torchvision's one ReLU per block) a copy per call, as AIMET's flow asks; a model
+    torch.fx cannot trace (nn.TransformerEncoder) is used as it is.
 
     Returns the sim and the ``CallbackFunc`` that computes its encodings on ``calib``.
     """
@@ -108,7 +109,11 @@ def _quantsim(model: torch.nn.Module, example: torch.Tensor, calib: list, per_ch
     from aimet_torch.model_preparer import prepare_model
     from aimet_torch.quantsim import QuantizationSimModel
 
-    folded = prepare_model(copy.deepcopy(model).eval())
+    try:
+        folded = prepare_model(copy.deepcopy(model).eval())
+    except RuntimeError as exc:  # torch.fx cannot trace it (nn.TransformerEncoder's mask check)
+        print(f"  (AIMET's prepare_model failed: {str(exc)[:80]}; the model is used as it is)")
+        folded = copy.deepcopy(model).eval()
     fold_all_batch_norms(folded, input_shapes=tuple(example.shape))
     sim = QuantizationSimModel(
         folded,
