@@ -11,9 +11,10 @@ Models and targets:
 * the embedded digits model: test accuracy (360 images), at most 0.5 points below float
   (``digits``, one image is 0.28 points) or 1 point (``digits:0.01``); candidates W4A8, W8A8,
   W8A16, float (AIMET: float16);
-* torchvision resnet18 and mobilenet_v2 with random weights, 3x64x64 (4 batches of 8 calibrate,
-  2 score), and a 2-layer transformer encoder (d_model 64, 16 tokens): output SQNR against the
-  float model of at least ``TARGET_DB``; candidates W4A8 and W8A8 (with AIMET's float16
+* torchvision resnet18 and mobilenet_v2 with random weights and BatchNorm statistics from
+  train-mode passes, 3x64x64 (4 batches of 8 calibrate, 2 score), and a 2-layer transformer
+  encoder (d_model 64, 16 tokens): output SQNR against the float model of at least
+  ``TARGET_DB``; candidates W4A8 and W8A8 (with AIMET's float16
   candidate each of its recalibrations takes minutes on these models, in AIMET's
   ``_decompose_prequantized_tensor``).
 
@@ -36,8 +37,8 @@ from typing import Any
 
 import torch
 from precision_amp import amp_search
-from repair import _cpu
-from sensitivity import _encoder, _resnet18
+from repair import _cpu, _vision_model
+from sensitivity import _encoder
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -51,11 +52,10 @@ TARGET_DB = {"resnet18": 25.0, "mobilenet_v2": 25.0, "encoder": 30.0}
 _NAMES = {(4, 8): "w4a8", (8, 8): "w8a8", (8, 16): "w8a16", (None, None): "float"}
 
 
-def _mobilenet_v2() -> tuple[Any, list, list, None]:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v2().eval()
+def _vision(name: str) -> tuple[Any, list, list, None]:
+    """``repair._vision_model``'s random-weight model (BatchNorm statistics from train-mode
+    passes: without them mobilenet_v2's activations vanish) at 3x64x64."""
+    model = _vision_model(name, 64)
     g = torch.Generator().manual_seed(1)
     calib = [torch.randn(8, 3, 64, 64, generator=g) for _ in range(4)]
     test = [torch.randn(8, 3, 64, 64, generator=g) for _ in range(2)]
@@ -80,8 +80,7 @@ def _case(name: str) -> dict[str, Any]:
         return dict(gm=gm, model=model, calib=calib, test=test, metric=accuracy,
                     amp_score=amp_score, target={"max_drop": drop}, amp_drop=drop,
                     candidates=[(4, 8), (8, 8), (8, 16), (None, None)])  # fmt: skip
-    build = {"resnet18": _resnet18, "mobilenet_v2": _mobilenet_v2, "encoder": _encoder}[name]
-    gm, calib, test, _ = build()
+    gm, calib, test, _ = _encoder() if name == "encoder" else _vision(name)
     model = _float_module(name)
     with torch.no_grad():
         reference = [model(x) for x in test]
@@ -96,13 +95,11 @@ def _case(name: str) -> dict[str, Any]:
 
 def _float_module(name: str) -> torch.nn.Module:
     """The same float module the exported graph was made from (same seeds)."""
-    import torchvision
-
+    if name != "encoder":
+        return _vision_model(name, 64)
     torch.manual_seed(0)
-    if name == "encoder":
-        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-        return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
-    return getattr(torchvision.models, name)().eval()
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
 
 
 def _qviz(case: dict[str, Any]) -> dict[str, Any]:
