@@ -158,8 +158,8 @@ class PrecisionResult:
         layer's precision at the chosen point, and each precision's colour."""
         if column not in self.CATEGORY_COLUMNS:
             raise ConfigError(f"graph_categories({column!r}): give one of {self.CATEGORY_COLUMNS}")
-        names = [p for opts in ((s.precision for s in self.screened), self.reference) for p in opts]
-        order = sorted(set(names), key=_precision_order)
+        names = {s.precision for s in self.screened} | {p for f in self.front for p in f.choice}
+        order = sorted(names, key=_precision_order)
         return self.assignment(), column, {p: PRECISION_COLOURS.get(p, _OTHER) for p in order}
 
     def table(self, point: int | None = None) -> Any:

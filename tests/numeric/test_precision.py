@@ -295,3 +295,6 @@ def test_when_the_cheapest_assignment_meets_the_target_nothing_is_screened(fork)
     assert set(result.assignment().values()) == {"w4a8"}
     assert [(e.point, e.screening) for e in result.evaluations] == [(0, False)]
     assert result.evaluations[0].output_sqnr >= 20.0
+    from qviz.viz import graph
+
+    assert "precision: w4a8" in graph(gm, metrics=result, metric_column="precision").dot
