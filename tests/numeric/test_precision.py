@@ -11,7 +11,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -21,6 +20,7 @@ from qviz.numeric import search_precision
 from qviz.numeric.metrics import sqnr
 from qviz.numeric.precision_front import next_probe, pareto_front
 from qviz.numeric.precision_units import Precision, assignment_overrides, find_units
+from tests.helpers.fork import fork_data
 
 # -- the arithmetic -----------------------------------------------------------------------------
 options_st = st.lists(
@@ -85,31 +85,15 @@ def test_the_front_thins_evenly_and_keeps_both_ends():
 
 
 # -- units --------------------------------------------------------------------------------------
-class _Fork(nn.Module):
-    """Two convs read one ReLU: one activation group, so one unit; then a linear head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        y = torch.relu(self.stem(x))
-        z = torch.relu(self.a(y) + self.b(y))
-        return self.head(z.mean((2, 3)))
-
-
 def _quantizer():
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 
 
 @pytest.fixture(scope="module")
 def fork():
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    data = [torch.randn(8, 3, 8, 8, generator=g) for _ in range(3)]
-    return qviz.export(_Fork().eval(), (data[0],), dynamic_batch=True), data
+    """Two convs read one ReLU: one activation group, so one unit; then a linear head."""
+    model, data = fork_data()
+    return qviz.export(model, (data[0],), dynamic_batch=True), data
 
 
 def test_layers_fed_by_one_observer_are_one_unit(fork):

@@ -7,7 +7,6 @@ import re
 import shutil
 
 import pytest
-import torch
 from torch import nn
 
 import qviz
@@ -17,31 +16,15 @@ from qviz.errors import ConfigError
 from qviz.numeric import search_precision
 from qviz.widgets import PrecisionExplorer
 from qviz.widgets.precision_explorer_view import plot_svg
+from tests.helpers.fork import fork_data
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs graphviz's dot")
 
 
-class _Fork(nn.Module):
-    """Two convs read one ReLU (one unit), then a linear head: as in tests/numeric."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        y = torch.relu(self.stem(x))
-        z = torch.relu(self.a(y) + self.b(y))
-        return self.head(z.mean((2, 3)))
-
-
 @pytest.fixture(scope="module")
 def searched():
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    data = [torch.randn(8, 3, 8, 8, generator=g) for _ in range(3)]
-    gm = qviz.export(_Fork().eval(), (data[0],), dynamic_batch=True)
+    model, data = fork_data()
+    gm = qviz.export(model, (data[0],), dynamic_batch=True)
     q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
     result = search_precision(gm, q, data, min_sqnr=40.0, progress=False)
     assert result.chosen is not None and len(result.front) > 3

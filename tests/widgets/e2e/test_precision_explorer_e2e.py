@@ -3,45 +3,32 @@ change to that assignment; "use this" hands its quantizer to the kernel."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import fork
+
 pytestmark = pytest.mark.browser
 
-SETUP = """
-import torch
-from torch import nn
-
+SETUP = (
+    inspect.getsource(fork)
+    + """
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.numeric import search_precision
 from qviz.widgets import PrecisionExplorer
 
-
-class Fork(nn.Module):  # two convs read one ReLU (one unit), then a linear head
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.a, self.b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x):
-        y = torch.relu(self.stem(x))
-        z = torch.relu(self.a(y) + self.b(y))
-        return self.head(z.mean((2, 3)))
-
-
-torch.manual_seed(0)
-g = torch.Generator().manual_seed(1)
-data = [torch.randn(8, 3, 8, 8, generator=g) for _ in range(3)]
-gm = qviz.export(Fork().eval(), (data[0],), dynamic_batch=True)
+model, data = fork_data()
+gm = qviz.export(model, (data[0],), dynamic_batch=True)
 q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 result = search_precision(gm, q, data, min_sqnr=40.0, progress=False)
 ex = PrecisionExplorer(result, gm)
 ex
 """
+)  # the model's module first: its docstring and __future__ import open the cell
 
 #: The fill colour of w8a8 layers in the graph (PRECISION_COLOURS).
 _W8A8 = "#a6d96a"
