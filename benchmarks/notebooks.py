@@ -1,0 +1,81 @@
+"""Each teaching notebook's run time: executed top to bottom in a fresh kernel with nbclient,
+alone, as ``make test`` executes it, against the time its first cell states.
+
+Run from the repository root (a few minutes)::
+
+    .venv/bin/python benchmarks/notebooks.py [--repeat 1] [NAME_PART ...]
+
+Prints, per notebook, the best wall time of ``--repeat`` runs (the kernel's start included),
+the slowest cell and its time, and the time the notebook's introduction states ("*Time: about
+40 s ...*"), or "-" where it states none. The CPU and its int8 flags are printed first: the
+figures hold for this machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from repair import _cpu
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+_STATED = re.compile(r"\*Time:[^*]*?(\d+)\s*(s|min)", re.IGNORECASE)
+
+
+def stated_seconds(nb: nbformat.NotebookNode) -> float | None:
+    """The run time the notebook's markdown states (``*Time: about 40 s ...*``), in seconds."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and (found := _STATED.search(cell.source)):
+            return float(found.group(1)) * (60 if found.group(2).lower() == "min" else 1)
+    return None
+
+
+def run(path: Path) -> tuple[float, int, float]:
+    """(wall seconds, index of the slowest code cell, its seconds) of one fresh execution."""
+    nb = nbformat.read(path, as_version=4)
+    cell_times: list[tuple[float, int]] = []
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={
+        "metadata": {"path": str(path.parent)}})  # fmt: skip
+    original = client.async_execute_cell
+
+    async def timed(cell, index, **kwargs):
+        start = time.perf_counter()
+        out = await original(cell, index, **kwargs)
+        cell_times.append((time.perf_counter() - start, index))
+        return out
+
+    client.async_execute_cell = timed  # type: ignore[method-assign]
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    slowest, index = max(cell_times, default=(0.0, -1))
+    return seconds, index, slowest
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("names", nargs="*", help="run only notebooks whose name contains one")
+    args = parser.parse_args(argv)
+    paths = sorted(NOTEBOOKS.glob("*.ipynb"))
+    if args.names:
+        paths = [p for p in paths if any(n in p.name for n in args.names)]
+    print(f"CPU: {_cpu()}\n")
+    print(f"{'notebook':<42}{'s':>7}{'slowest cell':>14}{'its s':>7}{'stated s':>10}")
+    total = 0.0
+    for path in paths:
+        best = min((run(path) for _ in range(args.repeat)), key=lambda r: r[0])
+        stated = stated_seconds(nbformat.read(path, as_version=4))
+        total += best[0]
+        print(f"{path.name:<42}{best[0]:>7.1f}{best[1]:>14}{best[2]:>7.1f}"
+              f"{'-' if stated is None else f'{stated:.0f}':>10}")  # fmt: skip
+    print(f"{'all':<42}{total:>7.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
