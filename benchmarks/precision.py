@@ -68,6 +68,7 @@ def _case(name: str) -> dict[str, Any]:
         drop = float(name.partition(":")[2] or 0.005)
         loaders = digits_loaders(batch_size=64)
         calib, test = [x for x, _ in loaders.calibration], list(loaders.test)
+        images = sum(len(y) for _, y in test)
         model = digits_model().eval()
         gm = qviz.export(model, (calib[0],), dynamic_batch=True)
 
@@ -75,7 +76,7 @@ def _case(name: str) -> dict[str, Any]:
             return float((quant_out.argmax(1) == target).float().mean())
 
         def amp_score(m):
-            return sum(int((m(x).argmax(1) == y).sum()) for x, y in test) / 360
+            return sum(int((m(x).argmax(1) == y).sum()) for x, y in test) / images
 
         return dict(gm=gm, model=model, calib=calib, test=test, metric=accuracy,
                     amp_score=amp_score, target={"max_drop": drop}, amp_drop=drop,

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,7 +155,7 @@ def weight_range(quant_min: int, quant_max: int, bits: int) -> tuple[int, int]:
 
 
 def _bits_of(quant_min: int, quant_max: int) -> int:
-    return max(1, math.ceil(math.log2(quant_max - quant_min + 1)))
+    return max(1, (quant_max - quant_min).bit_length())
 
 
 def _key(producer: str, consumer: str | None) -> str:
