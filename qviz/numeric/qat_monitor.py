@@ -46,6 +46,7 @@ from torch import nn
 
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError
+from qviz.numeric.qat_names import TensorLabel, tensor_labels
 from qviz.numeric.qat_tally import Pending, Tally, sample_rows, tally_all
 
 #: samples kept per module between two steps before they are tallied anyway (memory bound)
@@ -70,6 +71,17 @@ class QATRecord:
     mean_abs_over_scale: float  # mean |x| / scale of those elements (nan likewise)
     loss: float | None = None
     metric: float | None = None
+    label: str = ""  # what it quantizes, from the graph: "conv2d_1 weight", "relu output"
+    is_weight: bool = False  # computed from constants only (a weight or bias)
+
+
+@dataclass(frozen=True)
+class QATEvent:
+    """Something done to the training at a step (:meth:`QATMonitor.mark`): from step
+    ``step + 1`` on, e.g. ``observers frozen``."""
+
+    step: int
+    text: str
 
 
 #: What :meth:`QATMonitor.add_callback` takes: ``fn(monitor, records)``.
@@ -174,6 +186,10 @@ class QATMonitor:
                 f"which do not train)"
             )
         self.max_records = max_records
+        self.model = model
+        #: what each module quantizes, named from the graph (``labels[name].label``)
+        self.labels: dict[str, TensorLabel] = tensor_labels(model, self.modules)
+        self.events: list[QATEvent] = []
         self._group = _groups(model)
         self._tally = {n: Tally() for n in self.modules}
         self._pending: dict[str, list[Pending]] = {}
@@ -276,6 +292,25 @@ class QATMonitor:
             self._callbacks.append(callback)
         return callback
 
+    def mark(self, text: str) -> QATEvent:
+        """Note that something changed after the current step (the figure draws a line there).
+
+        Example:
+            >>> import torch
+            >>> from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+            >>> from torchao.testing.pt2e._xnnpack_quantizer import (XNNPACKQuantizer,
+            ...     get_symmetric_quantization_config)
+            >>> gm = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)).module()
+            >>> monitor = QATMonitor(prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(
+            ...     get_symmetric_quantization_config(is_qat=True))))
+            >>> monitor.step(); monitor.mark("observers frozen")
+            QATEvent(step=1, text='observers frozen')
+        """
+        if not isinstance(text, str) or not text:
+            raise ConfigError(f"QATMonitor.mark needs a short text, got {text!r}")
+        self.events.append(QATEvent(self.steps, text))
+        return self.events[-1]
+
     def remove_callback(self, callback: StepCallback) -> None:
         """Stop calling ``callback``; one that was never added is ignored."""
         if callback in self._callbacks:
@@ -294,6 +329,7 @@ class QATMonitor:
             scale_min=min(scales), scale_max=max(scales),
             zero_point=math.fsum(zeros) / len(zeros), changed=changed, clipped=clipped,
             mean_abs_over_scale=over, loss=loss, metric=metric,
+            label=self.labels[name].label, is_weight=self.labels[name].is_weight,
         )  # fmt: skip
 
     @property
@@ -314,7 +350,7 @@ class QATMonitor:
 
     def plot(self) -> Any:
         """Scale trajectories, clipping per module over steps and change counts (a Figure)."""
-        from qviz.numeric.plots import qat_figure
+        from qviz.numeric.qat_plot import qat_figure
 
         return qat_figure(self)
 

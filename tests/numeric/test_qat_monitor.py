@@ -140,7 +140,9 @@ def test_records_frame_plot_and_close():
     assert isinstance(frame, pd.DataFrame) and len(frame) == 3 * len(monitor.modules)
     assert frame["loss"].notna().all() and set(frame["step"]) == {1, 2, 3}
     fig = monitor.plot()
-    assert len(fig.axes) == 4  # trajectories, clipped heat map, its colour bar, change counts
+    # weight and activation trajectories with their legends, clipped heat map, its colour bar,
+    # change counts
+    assert len(fig.axes) == 7
     assert fig._repr_png_().startswith(b"\x89PNG")  # `fig` alone shows it in a notebook
     assert "3 steps" in repr(monitor)
 
