@@ -21,7 +21,11 @@ from typing import Any
 
 from qviz.viz.histograms import _COLORS, HistogramData, _display_bins, clipped_text
 
-_PAD_L, _PAD_R, _PAD_T, _PAD_B = 56, 12, 24, 34
+_PAD_L, _PAD_R, _PAD_T, _PAD_B = 56, 12, 26, 36
+#: The drawing's text sizes (SVG user units: pixels when the drawing is shown at its own size).
+FONT_SIZE, TITLE_SIZE = 11, 12
+#: How much wider than drawn a fluid drawing (``min_text_px`` given) may grow.
+MAX_GROWTH = 1.25
 
 
 def _ticks(lo: float, hi: float, n: int = 6) -> list[float]:
@@ -49,6 +53,7 @@ def histogram_svg(
     width: int = 640,
     height: int = 260,
     highlight: str | None = None,
+    min_text_px: float | None = None,
 ) -> str:
     """SVG text of ``data``: counts, method lines (``highlight`` drawn thicker), ticks, legend.
 
@@ -57,7 +62,22 @@ def histogram_svg(
         log: logarithmic count axis.
         width, height: pixels.
         highlight: a method name whose line is drawn thicker (the one being chosen).
+        min_text_px: make the drawing fluid: it takes its container's width, but never less
+            than where its smallest text (:data:`FONT_SIZE`) would drop under ``min_text_px``
+            pixels, nor more than :data:`MAX_GROWTH` times ``width`` (None: fixed size).
+
+    Raises:
+        ConfigError: ``width``, ``height`` or ``min_text_px`` is not positive.
+
+    Example:
+        >>> import torch
+        >>> from qviz.viz.histograms import histogram_data
+        >>> data = histogram_data(torch.randn(1000), methods=("max",))
+        >>> svg = histogram_svg(data, width=480, min_text_px=10)
+        >>> svg[svg.index("style="):].split('"')[1]
+        'width:100%;min-width:437px;max-width:600px;height:auto'
     """
+    _check_size(width, height, min_text_px)
     counts, edges = _display_bins(data.counts, data.edges)
     nonzero = [i for i, c in enumerate(counts) if c > 0]
     first, last = (nonzero[0], nonzero[-1] + 1) if nonzero else (0, len(counts))
@@ -84,8 +104,8 @@ def histogram_svg(
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" '
-        f'font-size="10">',
-        f'<text x="{_PAD_L}" y="14" font-size="11">{html.escape(data.title)}</text>',
+        f'font-size="{FONT_SIZE}"{_fluid(width, min_text_px)}>',
+        f'<text x="{_PAD_L}" y="15" font-size="{TITLE_SIZE}">{html.escape(data.title)}</text>',
         _bars(counts, edges, sx, sy, _PAD_T + plot_h),
         _axes(x_lo, x_hi, sx, plot_w, plot_h, data.signed),
         _y_label(plot_h, log),
@@ -93,6 +113,23 @@ def histogram_svg(
     parts += _lines(data, sx, plot_h, highlight)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _check_size(width: int, height: int, min_text_px: float | None) -> None:
+    from qviz.errors import ConfigError
+
+    for name, value in (("width", width), ("height", height), ("min_text_px", min_text_px)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"histogram_svg: {name} must be positive, got {value!r}")
+
+
+def _fluid(width: int, min_text_px: float | None) -> str:
+    """The root's style attribute of a fluid drawing ('' for a fixed one)."""
+    if min_text_px is None:
+        return ""
+    narrowest = math.ceil(width * min_text_px / FONT_SIZE)
+    widest = max(narrowest, round(width * MAX_GROWTH))
+    return f' style="width:100%;min-width:{narrowest}px;max-width:{widest}px;height:auto"'
 
 
 def _bars(counts: Any, edges: Any, sx: Any, sy: Any, base: float) -> str:
@@ -113,10 +150,10 @@ def _axes(x_lo: float, x_hi: float, sx: Any, plot_w: float, plot_h: float, signe
     for t in _ticks(x_lo, x_hi):
         x = sx(t)
         out.append(f'<line x1="{x:.1f}" y1="{base}" x2="{x:.1f}" y2="{base + 4}" stroke="#555"/>')
-        out.append(f'<text x="{x:.1f}" y="{base + 15}" text-anchor="middle">{_fmt(t)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{base + 16}" text-anchor="middle">{_fmt(t)}</text>')
     label = "x" if signed else "|x|"
     out.append(
-        f'<text x="{_PAD_L + plot_w / 2}" y="{base + 29}" text-anchor="middle">{label}</text>'
+        f'<text x="{_PAD_L + plot_w / 2}" y="{base + 31}" text-anchor="middle">{label}</text>'
     )
     return "".join(out)
 
@@ -131,7 +168,7 @@ def _y_label(plot_h: float, log: bool) -> str:
 
 
 def _lines(data: HistogramData, sx: Any, plot_h: float, highlight: str | None) -> list[str]:
-    out, legend_y = [], _PAD_T + 12
+    out, legend_y = [], _PAD_T + 13
     for gid, x, label in data.lines:
         method = gid.split(":", 1)[1]
         observer = gid.startswith("observer")
@@ -151,7 +188,7 @@ def _lines(data: HistogramData, sx: Any, plot_h: float, highlight: str | None) -
                 f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>'
                 f'<text x="{right + 22}" y="{legend_y}">{html.escape(label)}</text>'
             )
-            legend_y += 13
+            legend_y += FONT_SIZE + 3
     return out
 
 

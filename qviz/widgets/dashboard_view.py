@@ -24,12 +24,14 @@ from qviz.errors import QvizError
 from qviz.widgets.dashboard_repair import CAUSE_COLUMN, REMEDY_CHOICES, finding_html
 from qviz.widgets.dashboard_table import HIGHER_IS_BETTER, LOWERING_COLUMN, SORT_COLUMNS
 from qviz.widgets.graph_panel import FoldedGraph
-from qviz.widgets.layout import figure_png, row, scrolling, split
+from qviz.widgets.layout import FigureImage, figure_image, row, scrolling, show_figure, split
 
 _STYLE = (
     "<style>.qviz-dash-rows select, .qviz-dash-mono {font-family: monospace; font-size: 12px; "
     "white-space: pre}</style>"
 )
+#: The table of layers grows with the browser window, as the graph beside it does.
+_ROWS_HEIGHT = "clamp(200px, 34vh, 560px)"
 
 
 def _num(value: Any) -> str:
@@ -188,7 +190,7 @@ class DashboardView:
         self._syncing = False
         self._row_options: tuple = ()
         self._graph_key: tuple | None = None
-        self._pngs: dict[tuple, bytes] = {}
+        self._pngs: dict[tuple, FigureImage] = {}
         st = dash.state
         self.sort_by = w.Dropdown(
             options=list(SORT_COLUMNS), value=st.sort_by, description="sort by"
@@ -197,14 +199,16 @@ class DashboardView:
             options=list(dash.color_options), value=st.color_by, description="colour by"
         )
         self.header = w.HTML(_header(delta=False))
-        self.rows = w.Select(options=[], rows=12, layout=w.Layout(width="100%"))
+        self.rows = w.Select(
+            options=[], rows=12, layout=w.Layout(width="100%", height=_ROWS_HEIGHT)
+        )
         self.rows.add_class("qviz-dash-rows")
         self.fallback = w.ToggleButton(
             description="fallback this layer", icon="undo", layout=w.Layout(width="200px")
         )
         self.progress = w.IntProgress(value=0, min=0, max=1, description="re-run")
         self.history, self.status = w.HTML(), w.HTML()
-        self.detail = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.detail = w.Image(format="png")  # shown at its CSS size by show_figure
         self.detail_note = w.HTML()
         self.remedy = w.Dropdown(options=list(REMEDY_CHOICES), description="remedy")
         self.apply = w.Button(description="apply", icon="wrench", button_style="primary")
@@ -336,19 +340,21 @@ class DashboardView:
         st = self._dash.state
         key = (st.fallback, st.builds, st.selected)
         if st.selected is None:
-            self.detail_note.value, self.detail.value = "<i>select a layer</i>", b""
+            self.detail_note.value = "<i>select a layer</i>"
+            show_figure(self.detail, None)
             return
         if key not in self._pngs:
             try:
-                self._pngs[key] = figure_png(self._dash.detail(st.selected).plot())
+                self._pngs[key] = figure_image(self._dash.detail(st.selected).plot())
             except QvizError as exc:
                 note = f'<div style="color:#555">detail: {html.escape(str(exc))}</div>'
-                self.detail_note.value, self.detail.value = note, b""
+                self.detail_note.value = note
+                show_figure(self.detail, None)
                 return
         self.detail_note.value = (
             f"<b>{html.escape(st.selected)}</b>: quantized against float outputs on the first batch"
         )
-        self.detail.value = self._pngs[key]
+        show_figure(self.detail, self._pngs[key])
 
     def _status(self) -> str:
         if self._dash.error:

@@ -11,7 +11,7 @@ Example:
     >>> prepared = qviz.calibrate(qviz.prepare_pt2e(gm, q), [torch.randn(64, 4)], progress=False)
     >>> view = CalibrationExplorer(prepared, graph=False).view
     >>> view.method.value = "mse"   # a click on a method button
-    >>> view.histogram.value.startswith("<svg"), "font-weight:bold" in view.table.value
+    >>> "<svg" in view.histogram.value, "font-weight:bold" in view.table.value
     (True, True)
 """
 
@@ -22,7 +22,11 @@ from typing import Any, Protocol
 
 from qviz.viz.histogram_svg import histogram_svg, rows_html
 from qviz.widgets.graph_panel import FoldedGraph
-from qviz.widgets.layout import row, scrolling, split
+from qviz.widgets.layout import MIN_TEXT_PX, row, scrolling, split
+
+#: The histogram's drawn size; it grows with the panel up to 1.25 times that, and shrinks only
+#: as far as its smallest text stays at MIN_TEXT_PX (a narrower panel scrolls it sideways).
+_HISTOGRAM_SIZE = {"width": 480, "height": 240, "min_text_px": MIN_TEXT_PX}
 
 
 class Explorer(Protocol):
@@ -128,7 +132,9 @@ class ExplorerView:
         finally:
             self._syncing = False
         self.percentile.disabled = st.method != "percentile"
-        self.histogram.value = histogram_svg(ex.data, log=st.log, highlight=st.method)
+        self.histogram.value = scrolling(  # fluid, but never so narrow its text drops under 10 px
+            histogram_svg(ex.data, log=st.log, highlight=st.method, **_HISTOGRAM_SIZE)
+        )
         chosen = ex.choices.get(st.observer)
         self.table.value = scrolling(rows_html(ex.rows, highlight=st.method, chosen=chosen))
         self.status.value = self._status(chosen)

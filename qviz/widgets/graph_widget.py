@@ -14,6 +14,14 @@ places it, pans and zooms it, and reports clicks back through synced traits:
 
 The widget never redraws itself: its owner observes ``module_click`` and calls :meth:`show`.
 
+Legible by default. Every view the widget chooses by itself keeps the drawing's text readable:
+the scale is never below the one at which the smallest text of the drawing is 10 CSS pixels
+high (and the typical label 11), whatever the size of the graph. The first view fits the
+graph to the pane's width at most 1.5 times its drawn size; "reset" shows the whole graph when
+it fits at a legible scale, and otherwise the legible scale with the graph's top in view: pan
+(drag) and scroll (the wheel zooms) for the rest. Only the user's own zooming goes smaller.
+The pane's height follows the browser window (:data:`~qviz.widgets.layout.PANE_HEIGHT`).
+
 Example:
     >>> w = GraphWidget()
     >>> w.show('<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"></svg>').svg
@@ -32,6 +40,7 @@ import traitlets
 
 from qviz.errors import ConfigError
 from qviz.viz.graphs import QGraph, graph
+from qviz.widgets.layout import PANE_HEIGHT
 
 _STATIC = Path(__file__).parent / "static"
 
@@ -139,16 +148,18 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
             clicked; setting it from Python outlines and centres that element.
         module_click: ``{"path": module path, "n": click count}``, set by the browser.
         search: the search box's text; setting it from Python searches too.
-        height: the CSS height of the drawing's viewport (e.g. ``"480px"``).
+        height: the CSS height of the drawing's viewport (``"600px"``; by default
+            :data:`~qviz.widgets.layout.PANE_HEIGHT`, which follows the browser window).
 
     In the browser: click a node, edge, marker or module; drag to pan; the mouse wheel (or
-    the + / − buttons) zooms about the pointer, "reset" fits the whole graph; Enter in the
+    the + / − buttons) zooms about the pointer, "reset" shows the whole graph if it fits at a
+    legible scale (text at least 10 px), else the top of the graph at that scale; Enter in the
     search box moves to the next match.
 
     Example:
         >>> w = GraphWidget(selected="conv2d", search="relu")
         >>> w.selected, w.search, w.height
-        ('conv2d', 'relu', '480px')
+        ('conv2d', 'relu', 'clamp(360px, 62vh, 960px)')
         >>> seen = []
         >>> _ = w.observe(lambda change: seen.append(change["new"]["path"]), "module_click")
         >>> w.module_click = {"path": "layer1", "n": 1}
@@ -164,7 +175,7 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
     selected = traitlets.Unicode("").tag(sync=True)
     module_click = traitlets.Dict({"path": "", "n": 0}).tag(sync=True)
     search = traitlets.Unicode("").tag(sync=True)
-    height = traitlets.Unicode("480px").tag(sync=True)
+    height = traitlets.Unicode(PANE_HEIGHT).tag(sync=True)
     #: ``{marker name: [plan tensors]}``: what a click on an observer marker selects.
     _marker_refs = traitlets.Dict({}).tag(sync=True)
     #: ``{drawn edge "a->b": plan tensor}``: what a click on an arrow through a marker selects.

@@ -201,3 +201,14 @@ def test_clipped_rows_of_the_digits_input_agree_with_the_raw_tensor(calibrated_d
         assert r["clipped_least"] <= exact <= r["clipped_most"], (method, exact, r)
     wider, narrower = sorted(rows.values(), key=lambda r: r["high"] - r["low"], reverse=True)
     assert wider["clipped_fraction"] <= narrower["clipped_fraction"]
+
+
+def test_no_text_smaller_than_9_points(x):
+    from matplotlib.text import Text
+
+    fig = histogram(x, num_bits=4)  # with the grid's note, the legend and the table
+    fig.draw_without_rendering()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    assert any("quantization levels" in t.get_text() for t in texts)
+    # 9 pt: 12.5 px in a notebook (100 dpi), 10 px at a widget's 80 px per inch
+    assert min(t.get_fontsize() for t in texts) >= 9

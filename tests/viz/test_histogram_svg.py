@@ -2,9 +2,11 @@
 
 import re
 
+import pytest
 import torch
 
 from qviz.engine.tensor.calib import HistogramCalibrator
+from qviz.errors import ConfigError
 from qviz.viz import histogram
 from qviz.viz.histogram_svg import histogram_svg
 from qviz.viz.histograms import histogram_data
@@ -38,3 +40,24 @@ def test_highlight_log_and_legend():
     )
     assert widths == {"1.6": "max", "3.2": "entropy"}
     assert "max  amax=" in svg and svg.count('data-gid="observed"') == 1
+
+
+def test_no_text_under_10_px_however_narrow_the_fluid_drawing_gets():
+    data = histogram_data(_calibrator(), methods=("max", "entropy"))
+    fixed = histogram_svg(data, width=480, height=240)
+    assert "style=" not in fixed  # a fixed drawing: shown at its own size
+    sizes = [float(v) for v in re.findall(r'font-size="([\d.]+)"', fixed)]
+    assert min(sizes) >= 11
+    fluid = histogram_svg(data, width=480, height=240, min_text_px=10)
+    narrowest = float(re.search(r"min-width:([\d.]+)px", fluid).group(1))
+    widest = float(re.search(r"max-width:([\d.]+)px", fluid).group(1))
+    assert min(sizes) * narrowest / 480 >= 10  # the smallest text, shown at the narrowest width
+    assert widest == 600 and "width:100%" in fluid
+
+
+def test_bad_sizes_are_refused():
+    data = histogram_data(_calibrator(), methods=("max",))
+    with pytest.raises(ConfigError, match="min_text_px"):
+        histogram_svg(data, min_text_px=0)
+    with pytest.raises(ConfigError, match="width"):
+        histogram_svg(data, width=-1)

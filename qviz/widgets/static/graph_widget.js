@@ -41,7 +41,7 @@ function buildChrome(el) {
   const count = make("span", "qviz-graph-count", bar);
   const zoomIn = button(bar, "+", "zoom in");
   const zoomOut = button(bar, "\u2212", "zoom out");
-  const reset = button(bar, "reset", "fit the whole graph");
+  const reset = button(bar, "reset", "the whole graph if it fits at a legible scale, else its top at that scale");
   const viewport = make("div", "qviz-graph-viewport", root);
   return { root, input, count, zoomIn, zoomOut, reset, viewport };
 }
@@ -81,13 +81,15 @@ function widenHitAreas(root) {
   }
 }
 
-// The median font size of the drawing's text, in SVG user units (Graphviz: points).
-function typicalFontSize(svg) {
+// The drawing's text sizes in SVG user units (Graphviz: points; one CSS pixel at scale 1):
+// the smallest and the median. Text without a size of its own counts as Graphviz's 14.
+function fontSizes(svg) {
   const sizes = [...svg.querySelectorAll("text")]
-    .map((t) => parseFloat(t.getAttribute("font-size")))
+    .map((t) => parseFloat(t.getAttribute("font-size") || t.closest("[font-size]")?.getAttribute("font-size")))
     .filter((v) => Number.isFinite(v) && v > 0)
     .sort((a, b) => a - b);
-  return sizes.length ? sizes[Math.floor(sizes.length / 2)] : 14;
+  if (!sizes.length) return { smallest: 14, typical: 14 };
+  return { smallest: sizes[0], typical: sizes[Math.floor(sizes.length / 2)] };
 }
 
 function placeSvg(view, text) {
@@ -100,7 +102,7 @@ function placeSvg(view, text) {
   }
   const [x0, y0, w, h] = viewBoxOf(svg);
   view.box = { x0, y0, w, h };
-  view.fontSize = typicalFontSize(svg);
+  view.fonts = fontSizes(svg);
   view.top = undefined; // topNode() measures the new drawing once it is laid out
   for (const attr of ["width", "height", "viewBox"]) svg.removeAttribute(attr);
   svg.setAttribute("width", "100%");
@@ -125,16 +127,31 @@ function size(view) {
   return { cw: view.viewport.clientWidth, ch: view.viewport.clientHeight };
 }
 
-// The first view fits the graph to the pane's width, never smaller than MIN_TEXT_PX for the
-// typical label and never larger than MAX_OPEN_SCALE; a graph that is then wider than the pane
-// opens centred on its topmost node (openLeft), one taller than the pane at its top (pan or
-// zoom out for the rest). "reset" shows the whole graph, however small.
-const MIN_TEXT_PX = 11;
+// Legible by default: no view the widget picks by itself (the first one, after a resize, after
+// "reset") has a scale under legibleScale(), at which the drawing's smallest text is
+// MIN_TEXT_PX CSS pixels high and its typical (median) label TYPICAL_TEXT_PX; a big graph is
+// then larger than the pane, and the user pans (drag) or zooms (wheel, + / -) for the rest.
+// Only the user's own zooming goes below it.
+//   first view: fit the pane's width, at most MAX_OPEN_SCALE, never under legibleScale(); a
+//     graph wider than the pane opens centred on its topmost node (openLeft), one taller than
+//     the pane at its top.
+//   "reset": the whole graph (fit width and height, at most MAX_OPEN_SCALE) when that scale is
+//     legible; otherwise legibleScale(), placed as the first view is.
+const MIN_TEXT_PX = 10;
+const TYPICAL_TEXT_PX = 11;
 const MAX_OPEN_SCALE = 1.5;
 
+function legibleScale(view) {
+  const { smallest, typical } = view.fonts || { smallest: 14, typical: 14 };
+  return Math.max(MIN_TEXT_PX / smallest, TYPICAL_TEXT_PX / typical);
+}
+
 function openScale(view, cw) {
-  const legible = MIN_TEXT_PX / (view.fontSize || 14);
-  return Math.max(legible, Math.min(cw / view.box.w, MAX_OPEN_SCALE));
+  return Math.max(legibleScale(view), Math.min(cw / view.box.w, MAX_OPEN_SCALE));
+}
+
+function resetScale(view, cw, ch) {
+  return Math.max(legibleScale(view), Math.min(cw / view.box.w, ch / view.box.h, MAX_OPEN_SCALE));
 }
 
 // The box of the drawing's topmost node (where the data comes in; the legend does not count),
@@ -158,11 +175,11 @@ function openLeft(view, cw) {
   return Math.min(8 - k * x0, Math.max(cw - 8 - k * (x0 + w), want));
 }
 
-function fit(view, whole = false) {
+function fit(view, reset = false) {
   const { cw, ch } = size(view);
   if (!view.g || cw === 0 || ch === 0) return false;
   const { x0, y0, w, h } = view.box;
-  view.k = whole ? Math.min(cw / w, ch / h, 1) : openScale(view, cw);
+  view.k = reset ? resetScale(view, cw, ch) : openScale(view, cw);
   view.tx = view.k * w <= cw ? (cw - view.k * w) / 2 - view.k * x0 : openLeft(view, cw);
   view.ty = view.k * h <= ch ? (ch - view.k * h) / 2 - view.k * y0 : 8 - view.k * y0;
   view.fitted = true;
@@ -415,7 +432,7 @@ function render({ model, el }) {
     ensureFitted();
   };
   const onHeight = () => {
-    ui.viewport.style.height = model.get("height") || "480px";
+    ui.viewport.style.height = model.get("height") || ""; // "": the style sheet's height
   };
   const onSearch = () => {
     if (ui.input.value !== model.get("search")) ui.input.value = model.get("search");
@@ -433,7 +450,10 @@ function render({ model, el }) {
   });
   ui.zoomIn.addEventListener("click", () => zoomCentre(view, ZOOM_STEP));
   ui.zoomOut.addEventListener("click", () => zoomCentre(view, 1 / ZOOM_STEP));
-  ui.reset.addEventListener("click", () => fit(view, true));
+  ui.reset.addEventListener("click", () => {
+    view.touched = false; // the pane's next resize opens the graph afresh
+    fit(view, true);
+  });
   const pan = panHandlers(view);
   ui.viewport.addEventListener("pointerdown", pan.down);
   ui.viewport.addEventListener("pointermove", pan.move);
