@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import time
 
 import pytest
@@ -71,7 +72,7 @@ def test_after_n_steps_the_view_shows_step_n_and_the_latest_records(trained):
     table = dash.view.table.value
     assert table.count("<tr>") == 1 + len(monitor.modules)  # header + one row per module
     for record in dash.records:
-        assert record.name.removeprefix("activation_post_process_") in table
+        assert f">{record.label}</td>" in table  # named by the tensor, not a bare number
         assert f"{record.clipped:.1%}" in table
     changes = sorted({str(c) for c in monitor.changes.values()})
     assert all(f"<td>{c}</td>" in table for c in changes)
@@ -170,3 +171,99 @@ def test_the_table_shows_quantplan_groups_and_per_channel_ranges():
     assert "<th>group</th>" not in plain and "[0.01, 0.04]" in plain
     grouped = table_html([r, replace(r, name="b", group=7, per_channel=False)], {"b": 2})
     assert "<th>group</th>" in grouped and "<td>7</td>" in grouped and "<td>2</td>" in grouped
+
+
+def test_the_table_names_each_module_by_the_tensor_it_quantizes(trained):
+    monitor, train, _ = trained
+    train(1)
+    table = QATDashboard(monitor, figure=False).view.table.value
+    assert "<th>quantizes</th>" in table
+    for label in (
+        "input input_1",
+        "linear weight",
+        "relu output",
+        "linear_1 weight",
+        "linear_1 output",
+    ):
+        assert f">{label}</td>" in table
+    firsts = re.findall(r"<tr><td title='module [^']*'>([^<]*)</td>", table)
+    assert len(firsts) == len(monitor.modules)
+    assert not [text for text in firsts if text.isdigit()]  # no bare module number
+
+
+def _observing(monitor):
+    return [bool(m.observer_enabled[0]) for m in monitor.modules.values()]
+
+
+def test_freeze_observers_stops_the_scales_and_a_second_click_restarts_them(trained):
+    monitor, train, _ = trained
+    dash = QATDashboard(monitor, every=1, min_interval_s=0, max_share=1, figure=False)
+    assert dash.model is monitor.model and not dash.observers_frozen
+    train(3)
+    dash.view.observers_button.value = True  # the click
+    assert dash.observers_frozen and _observing(monitor) == [False] * len(monitor.modules)
+    assert [(e.step, e.text) for e in monitor.events] == [(3, "observers frozen")]
+    assert "observers frozen after step 3" in dash.view.status.value
+    before = dict(monitor.changes)
+    train(5)
+    assert monitor.changes == before  # the scales stopped moving
+    assert not any(r.changed for r in monitor.records if r.step > 3)
+    dash.view.observers_button.value = False  # the second click
+    assert _observing(monitor) == [True] * len(monitor.modules)
+    train(3)
+    assert any(r.changed for r in monitor.records if r.step > 8)  # moving again
+    assert monitor.events[-1].text == "observers running again"
+
+
+def test_the_figure_marks_the_freeze(trained):
+    monitor, train, _ = trained
+    dash = QATDashboard(monitor, every=1, min_interval_s=0, max_share=1)
+    train(2)
+    dash.freeze_observers()
+    train(2)
+    assert dash.view.observers_button.value is True  # the button follows the method
+    fig = monitor.plot()
+    assert any(line.get_xdata()[0] == 2.5 for ax in fig.axes for line in ax.get_lines()
+               if line.get_linestyle() == "--")  # fmt: skip
+    assert bytes(dash.view.figure.value).startswith(PNG)
+
+
+@functools.cache
+def _bn_prepared():
+    import qviz
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.ReLU()).train()
+    gm = qviz.export(model, (torch.randn(4, 1, 6, 6),))
+    config = get_symmetric_quantization_config(is_qat=True)
+    return qviz.prepare_qat_pt2e(gm, XNNPACKQuantizer().set_global(config))
+
+
+def test_freeze_bn_stats_keeps_the_running_statistics():
+    model = copy.deepcopy(_bn_prepared())
+    monitor = QATMonitor(model)
+    dash = QATDashboard(monitor, figure=False)
+    mean = next(b for n, b in model.named_buffers() if n.endswith("running_mean"))
+    model(torch.randn(4, 1, 6, 6) + 3)
+    monitor.step()
+    dash.view.bn_button.value = True  # the click
+    assert dash.bn_frozen and "BatchNorm statistics frozen after step 1" in dash.note
+    kept = mean.clone()
+    model(torch.randn(4, 1, 6, 6) + 5)
+    monitor.step()
+    assert torch.equal(mean, kept)
+    dash.freeze_bn_stats(False)
+    model(torch.randn(4, 1, 6, 6) + 5)
+    assert not torch.equal(mean, kept) and not dash.view.bn_button.value
+    assert QATDashboard(monitor, figure=False).bn_frozen is False
+
+
+def test_a_model_without_batchnorm_says_so_and_a_missing_model_is_named(trained):
+    monitor, _, _ = trained
+    dash = QATDashboard(monitor, figure=False)
+    dash.view.bn_button.value = True
+    assert not dash.bn_frozen and dash.view.bn_button.value is False  # the toggle undone
+    assert "no batch_norm" in dash.note and "no batch_norm" in dash.view.status.value
+    with pytest.raises(ConfigError, match=r"model must be the QAT-prepared model.*got str"):
+        QATDashboard(monitor, model="model")
