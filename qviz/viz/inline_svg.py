@@ -14,8 +14,9 @@ SVG inline in HTML (:func:`inline_html`). What the HTML does to the SVG:
 * **fitted width**: the SVG keeps its aspect ratio and shrinks to the output's width
   (``max-width:100%; height:auto``), but never so far that its body text (the median font
   size of its labels, 11 pt op names or 8 pt edge specs) drops below ``min_text_px`` (10 px):
-  past that it keeps the legible size and scrolls sideways in its own box, the scrollbar
-  right under the graph;
+  past that it keeps the legible size and scrolls in its own box; a graph too wide to fit
+  legibly on a ``page_width`` output gets a box at most 90 % of the window high, so that its
+  horizontal scrollbar is on screen rather than under a long output;
 * **folded when tall**: a graph taller than ``max_height`` (1000 px) at its fitted width on a
   ``page_width`` (1000 px) output is folded in a ``<details>`` whose summary says the stage,
   node count and full size, and names ``qviz.widgets.GraphWidget`` (pan, zoom, search) to
@@ -243,8 +244,11 @@ def inline_html(svg: str, layout: InlineLayout, what: str) -> str:
     digest = hashlib.sha1(f"{next(_COUNT)}:{body}".encode()).hexdigest()[:8]
     body = title_tooltips(unique_ids(body, f"q{digest}-"))
     width, height, smallest = _fitted(body, layout)
+    # too wide to fit legibly: a box at most 90 % of the window high, so that both of its
+    # scrollbars are on screen
+    scroll = "max-height:90vh;overflow:auto" if smallest > layout.page_width else "overflow-x:auto"
     box = (
-        f'<div class="qviz-graph-box" style="max-width:100%;overflow-x:auto">'
+        f'<div class="qviz-graph-box" style="max-width:100%;{scroll}">'
         f"{_sized(body, width, smallest)}</div>"
     )
     if not should_fold(body, layout):

@@ -85,13 +85,15 @@ def test_wide_graph_shrinks_until_its_text_is_10px_then_scrolls():
     style = re.search(r'<svg[^>]*style="([^"]*)"', html).group(1)
     assert "width:4000px" in style and "max-width:100%" in style
     assert "min-width:2727px" in style  # 4000 * 10 / 14.67
-    assert "overflow-x:auto" in html  # past that, the graph's own box scrolls sideways
+    # past that, the graph's own box scrolls, no taller than the window: its scrollbars show
+    assert 'class="qviz-graph-box" style="max-width:100%;max-height:90vh;overflow:auto"' in html
     assert "<details" not in html  # 300 pt tall at 2727 px wide: 545 px
     # 8 pt text (10.7 px) barely shrinks; a narrow graph is drawn at its own size, and in a
     # narrower output still stops shrinking at the same legible scale
     assert "min-width:3750px" in inline_html(_svg(3000, 300, font=8), layout, "g")
     narrow = inline_html(_svg(300, 300), layout, "g")
     assert "width:400px;" in narrow and "min-width:273px" in narrow
+    assert "max-height" not in narrow and "overflow-x:auto" in narrow
 
 
 def test_folding_counts_the_height_at_the_fitted_width():
