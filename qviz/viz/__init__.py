@@ -19,6 +19,7 @@ Example:
 from qviz.viz.capabilities import capabilities
 from qviz.viz.graphs import QGraph, graph
 from qviz.viz.histograms import histogram
+from qviz.viz.history_plot import history_plot
 from qviz.viz.html_report import report
 from qviz.viz.model_explorer import to_model_explorer
 from qviz.viz.range_view import ranges
@@ -28,6 +29,7 @@ __all__ = [
     "capabilities",
     "graph",
     "histogram",
+    "history_plot",
     "ranges",
     "report",
     "to_model_explorer",
