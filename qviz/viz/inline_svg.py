@@ -12,8 +12,8 @@ SVG inline in HTML (:func:`inline_html`). What the HTML does to the SVG:
   ``url(#id)`` pointing at one) gets a prefix made from the drawing and a per-process count,
   so two graphs in one page never clash (and a re-run notebook writes the same HTML);
 * **fitted width**: the SVG keeps its aspect ratio and shrinks to the output's width
-  (``max-width:100%; height:auto``), but never so far that its body text (the median font
-  size of its labels, 11 pt op names or 8 pt edge specs) drops below ``min_text_px`` (10 px):
+  (``max-width:100%; height:auto``), but never so far that any of its text (11 pt op names,
+  8 pt edge specs and markers: 10.7 px unscaled) drops below ``min_text_px`` (10 px):
   past that it keeps the legible size and scrolls in its own box; a graph too wide to fit
   legibly on a ``page_width`` output gets a box at most 90 % of the window high, so that its
   horizontal scrollbar is on screen rather than under a long output;
@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-import statistics
 from dataclasses import dataclass
 
 from qviz.errors import ConfigError
@@ -60,7 +59,7 @@ class InlineLayout:
         max_height: the tallest graph shown unfolded when ``fold`` is None.
         page_width: the output width the folding decision assumes (JupyterLab's output area
             is about 1100 px wide in a 1280 px window).
-        min_text_px: the smallest body-text size the fitting may shrink to; a wider graph
+        min_text_px: the smallest text size the fitting may shrink to; a wider graph
             scrolls sideways instead.
 
     Raises:
@@ -151,11 +150,11 @@ def _viewbox(tag: str) -> list[float] | None:
 
 
 def text_px(svg: str) -> float:
-    """The median font size of ``svg``'s text, in px at its natural size (0 without text).
+    """The smallest font size of ``svg``'s text, in px at its natural size (0 without text).
 
     Example:
         >>> text_px('<svg width="30pt" height="9pt" viewBox="0 0 30 9">'
-        ...         '<text font-size="9.00">a</text><text font-size="9.00">b</text></svg>')
+        ...         '<text font-size="9.00">a</text><text font-size="14.00">b</text></svg>')
         12.0
     """
     sizes = [float(s) for s in re.findall(r'<text[^>]*\sfont-size="([0-9.]+)"', svg)]
@@ -164,7 +163,7 @@ def text_px(svg: str) -> float:
     width, _ = svg_size(svg)
     box = _viewbox(_root(svg)[0])
     scale = width / box[2] if box and box[2] else 1.0  # px per unit of the drawing
-    return statistics.median(sizes) * scale
+    return min(sizes) * scale
 
 
 def unique_ids(svg: str, prefix: str) -> str:
@@ -192,7 +191,7 @@ def title_tooltips(svg: str) -> str:
 
 def _fitted(svg: str, layout: InlineLayout) -> tuple[float, float, float]:
     """``(width, height, smallest width)`` in px: the natural size, and the width below which
-    the body text would be smaller than ``layout.min_text_px``."""
+    some text would be smaller than ``layout.min_text_px``."""
     width, height = svg_size(svg)
     text = text_px(svg)
     legible = min(1.0, layout.min_text_px / text) if text else 0.0

@@ -104,6 +104,8 @@ def test_folding_counts_the_height_at_the_fitted_width():
     assert should_fold(_svg(1500, 900)[22:], InlineLayout(max_height=800))
     assert svg_size(_svg(75, 30)[22:]) == (100.0, 40.0)
     assert text_px(_svg(75, 30, font=9)[22:]) == 12.0
+    mixed = _svg(75, 30, font=9)[22:].replace("</g>", '<text font-size="6.00">y</text></g>')
+    assert text_px(mixed) == 8.0  # the smallest text decides how far the graph may shrink
 
 
 @pytest.mark.parametrize(
