@@ -96,6 +96,12 @@ def test_detail_shows_the_layer_outputs_the_report_measured(broken):
     assert np.allclose(offsets[:, 0], detail.float_values)
     assert np.allclose(offsets[:, 1], detail.quantized_values)
     assert "SQNR" in hist.get_title() and dash.view.detail.value[:4] == b"\x89PNG"
+    # drawn at twice the size it is shown at (80 px per inch): sharp, never stretched
+    image = dash.view.detail
+    width, height = (round(v * 80) for v in fig.get_size_inches())
+    assert (image.layout.width, image.layout.height) == (f"{width}px", "auto")
+    assert int.from_bytes(image.value[16:20], "big") == 2 * width
+    assert int.from_bytes(image.value[20:24], "big") == 2 * height
 
 
 def test_fallback_restores_the_model_and_toggling_back_restores_the_plan(broken):

@@ -25,6 +25,9 @@ def test_opens_on_the_first_histogram_observer(explorer):
     assert explorer.state.method == "l2" and explorer.state.num_bits == 8
     assert [r["method"] for r in explorer.rows] == ["max", "percentile", "entropy", "mse", "l2"]
     assert explorer.view.graph is not None and explorer.view.graph.svg.startswith("<svg")
+    # the histogram scrolls sideways in a narrow panel rather than shrink its text under 10 px
+    shown = explorer.view.histogram.value
+    assert shown.startswith('<div class="qviz-scroll">') and "min-width:437px" in shown
 
 
 def test_select_by_tensor_and_lines_match_the_calibrator(explorer):
