@@ -80,7 +80,11 @@ def _metric_range(view: GraphView) -> tuple[float, float] | None:
     return view.metric_span if view.metric_span is not None else (min(values), max(values))
 
 
-def _value_colour(value: float, span: tuple[float, float], higher_is_better: bool = True) -> str:
+def _value_colour(
+    value: float, span: tuple[float, float], higher_is_better: bool = True, bands: Any = None
+) -> str:
+    if bands is not None:  # fixed bands (qviz.viz.bands): the same colour in every drawing
+        return bands.colour(value) or _MUTED
     lo, hi = span
     if math.isinf(value):
         t = 1.0 if value > 0 else 0.0
@@ -107,12 +111,13 @@ def _table(
     metric: str,
     higher: bool = True,
     muted: bool = False,
+    bands: Any = None,
 ) -> str:
     fill, border, font = _STYLE.get(node.kind, _STYLE["op"])
     if node.group is not None and not muted:  # a heatmap mutes the group colours
         fill = group_colour(node.group)
     if node.value is not None and span is not None:
-        fill = _value_colour(node.value, span, higher)
+        fill = _value_colour(node.value, span, higher, bands)
     if node.category is not None:
         fill = node.category[1]
     width = 3 if highlighted else (2 if node.kernel else 1)
@@ -151,6 +156,7 @@ def _add_node(
     metric: str,
     higher: bool = True,
     muted: bool = False,
+    bands: Any = None,
 ) -> None:
     tooltip = node.tooltip or node.name
     if node.kind == "ref":
@@ -175,7 +181,7 @@ def _add_node(
         tooltip = f"{metric or 'metric'} = {node.value:.6g}\\n{tooltip}"
     if node.category is not None:
         tooltip = f"{metric or 'class'}: {node.category[0]}\\n{tooltip}"
-    label = _table(node, highlighted, span, metric, higher, muted)
+    label = _table(node, highlighted, span, metric, higher, muted, bands)
     g.node(node.name, label=label, shape="plaintext", tooltip=tooltip)
 
 
@@ -254,6 +260,16 @@ def _colour_bar(span: tuple[float, float], metric: str, higher: bool = True) -> 
     )
 
 
+def _band_rows(bands: Any, metric: str) -> str:
+    """Legend rows of fixed bands: the metric's name, then one swatch per band, low to high."""
+    name = html.escape(f"{metric or bands.name}: fixed {bands.name} bands")
+    rows = f'<tr><td colspan="2" align="left">{name}</td></tr>'
+    return rows + "".join(
+        f'<tr><td bgcolor="{c}" width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
+        for c, t in bands.legend()
+    )
+
+
 def _legend_rows(
     stage: str, kinds: set[str], muted: bool, partition: str = ""
 ) -> list[tuple[str, str]]:
@@ -308,7 +324,9 @@ def _legend(g: Any, view: GraphView, span: tuple[float, float] | None) -> None:
         f'<tr><td{_bg(c)} width="14"> </td><td align="left">{html.escape(t)}</td></tr>'
         for c, t in _legend_rows(stage, kinds, muted, view.partition)
     )
-    if span is not None:
+    if span is not None and view.metric_bands is not None:
+        cells += _band_rows(view.metric_bands, metric)
+    elif span is not None:
         cells += _colour_bar(span, metric, view.higher_is_better)
     if view.categories:
         cells += f'<tr><td colspan="2" align="left">{html.escape(metric or "class")}:</td></tr>'
@@ -350,7 +368,8 @@ def to_digraph(view: GraphView, highlight: Collection[str] = (), legend: bool = 
 
     def draw(sub: Any, node: ViewNode) -> None:
         marked_node = _is_highlighted(node, marked)
-        _add_node(sub, node, marked_node, span, view.metric, view.higher_is_better, muted)
+        higher, bands = view.higher_is_better, view.metric_bands
+        _add_node(sub, node, marked_node, span, view.metric, higher, muted, bands)
 
     _emit(g, "", tree, members, draw, dict(view.module_types))
     for e in view.edges:

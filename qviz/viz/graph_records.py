@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from torch.fx import GraphModule, Node
 
+from qviz.viz.bands import Bands
+
 
 @dataclass(frozen=True)
 class ViewNode:
@@ -75,7 +77,9 @@ class GraphView:
     ``metric_span`` fixes the colour scale (None: the values' min..max) and
     ``higher_is_better`` says which end is green; ``partition`` names the backend whose
     kernels the ops are marked with ("" when none); ``categories`` lists the classes the
-    boxes are coloured by, ``(name, colour)`` each, for the legend (empty when none).
+    boxes are coloured by, ``(name, colour)`` each, for the legend (empty when none);
+    ``metric_bands`` (a :class:`qviz.viz.bands.Bands`) colours the values by fixed bands
+    instead of the span's gradient (None: the gradient).
     """
 
     stage: str
@@ -87,6 +91,7 @@ class GraphView:
     higher_is_better: bool = True
     partition: str = ""
     categories: tuple[tuple[str, str], ...] = ()
+    metric_bands: Bands | None = None
 
 
 def op_name(node: Node) -> str:

@@ -43,6 +43,7 @@ from torch.fx import GraphModule
 
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.errors import ConfigError, MissingDependencyError
+from qviz.viz.bands import Bands
 from qviz.viz.dot import to_digraph
 from qviz.viz.graph_records import GraphView
 from qviz.viz.hierarchy import collapse as collapse_view
@@ -213,10 +214,18 @@ def _with_categories(
 
 
 def _apply_metrics(
-    view: GraphView, model: GraphModule, metrics: Any, column: str | None, span: Any, higher: Any
+    view: GraphView,
+    model: GraphModule,
+    metrics: Any,
+    column: str | None,
+    span: Any,
+    higher: Any,
+    bands: Bands | None = None,
 ) -> GraphView:
     """``view`` coloured by ``metrics`` (see :func:`graph`); a record's own direction and scale
-    (a lowering comparison: fewer steps is better, 0 to 4 steps) unless the caller's."""
+    (a lowering comparison: fewer steps is better, 0 to 4 steps) unless the caller's, or the
+    caller's fixed ``bands``."""
+    _check_bands(bands, span)
     if metrics is None:
         return view
     check_fingerprint(metrics, model, "graph(metrics=...)")  # another model's is refused
@@ -228,7 +237,28 @@ def _apply_metrics(
     _, _, own_higher, own_span = own() if callable(own) else (None, None, True, None)
     higher = own_higher if higher is None else higher
     span = _span(span) if span is not None else own_span
-    return replace(view, metric_span=span, higher_is_better=bool(higher))
+    return replace(view, metric_span=span, higher_is_better=bool(higher), metric_bands=bands)
+
+
+def _check_bands(bands: Any, span: Any) -> None:
+    if bands is not None and not isinstance(bands, Bands):
+        raise ConfigError(
+            f"metric_bands must be a qviz.viz.bands.Bands (e.g. qviz.viz.bands.SQNR), got "
+            f"{type(bands).__name__}"
+        )
+    if bands is not None and span is not None:
+        raise ConfigError(
+            "give metric_range (a gradient from low to high) or metric_bands (fixed bands), "
+            "not both"
+        )
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, GraphModule):
+        raise ConfigError(
+            f"graph() draws a graph module, got {type(model).__name__}: pass "
+            f"qviz.export(model, inputs), or the result of prepare_pt2e / convert_pt2e"
+        )
 
 
 def _with_partition(view: GraphView, model: GraphModule, lowered: Any) -> GraphView:
@@ -287,6 +317,7 @@ def graph(
     metric_range: tuple[float, float] | None = None,
     higher_is_better: bool | None = None,
     lowered: Any = None,
+    metric_bands: Bands | None = None,
 ) -> QGraph:
     """Draw ``model`` at its stage: captured float, annotated, observed (prepared), converted,
     or exported from a model of quant_nn layers (what each shows: ``qviz.viz.graphs``).
@@ -309,6 +340,7 @@ def graph(
         higher_is_better: green for high values (SQNR, the default); False for errors (MSE).
         lowered: ``qviz.lower(model, ...)``: each op's border says whether the lowered program
             runs it on an integer kernel (blue) or a float one (orange, dashed; hover: why).
+        metric_bands: fixed colour bands, the same in every drawing (``qviz.viz.bands.SQNR``).
 
     Returns:
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
@@ -325,13 +357,10 @@ def graph(
         >>> "SQNR dB 31.5" in graph(gm, metrics={"linear": 31.5}, metric_column="SQNR dB").dot
         True
     """
-    if not isinstance(model, GraphModule):
-        raise ConfigError(
-            f"graph() draws a graph module, got {type(model).__name__}: pass "
-            f"qviz.export(model, inputs), or the result of prepare_pt2e / convert_pt2e"
-        )
+    _check_model(model)
     view = read_graph(model, show_params=show_params)
-    view = _apply_metrics(view, model, metrics, metric_column, metric_range, higher_is_better)
+    settings = (metric_column, metric_range, higher_is_better, metric_bands)
+    view = _apply_metrics(view, model, metrics, *settings)
     view = _with_partition(view, model, lowered)
     view = collapse_view(view, collapse, (name for name, _ in model.named_modules()))
     view = fold_long_edges(view)

@@ -34,13 +34,14 @@ import html
 import io
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
+from qviz.viz.bands import bands_for
+from qviz.viz.report_tables import COLUMN_GROUPS, frame_tables, table
 
 #: Graphs with more drawn nodes than this are redrawn collapsed to module depth ``_COLLAPSE``.
 _BIG_GRAPH = 150
@@ -54,12 +55,19 @@ body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; mar
 h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc;
        padding-bottom: 4px; margin-top: 1.6em; } .sub { color: #666; margin-top: 0; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
-th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top;
+       overflow-wrap: anywhere; }
 th { background: #f3f3f3; position: sticky; top: 0; } tr:nth-child(even) td { background: #fafafa; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.scroll { max-height: 640px; overflow: auto; border: 1px solid #eee; max-width: 100%; }
-.graph { max-height: 1400px; overflow: auto; border: 1px solid #eee; text-align: center; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.graph { border: 1px solid #eee; text-align: center; }
 .graph svg { max-width: 100%; height: auto; }
+h3 { margin: 1.2em 0 0.2em; } .guide { background: #f7f9fc; padding: 4px 16px 8px; }
+.bands { display: flex; flex-wrap: wrap; gap: 4px 16px; font-size: 13px; margin: 6px 0; }
+.swatch { display: inline-block; width: 14px; height: 14px; margin-right: 5px;
+       vertical-align: -2px; border: 1px solid #888; }
+dl.terms { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px;
+       font-size: 13px; margin: 4px 0 12px; } dl.terms dt { font-family: monospace; }
+dl.terms dd { margin: 0; color: #444; }
 figure { margin: 12px 0 20px; } figure img { max-width: 100%; height: auto; }
 figcaption { font-size: 13px; color: #444; word-break: break-word; }
 .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 6px 10px; margin: 8px 0; }
@@ -123,15 +131,26 @@ def report(
     sections = _sections(model, plan, stage, ns, frame)
     if lowered is not None:
         sections.append(_lowered_section(model, lowered, lowering))
+    sections.insert(0, _guide_section(frame is not None, lowered is not None))
     out.write_text(_page(heading, stage, sections), encoding="utf-8")
     return out
 
 
+def _guide_section(numeric: bool, lowered: bool) -> str:
+    from qviz.viz.report_guide import guide
+
+    body = f'<div class="guide">{guide(numeric=numeric, lowered=lowered)}</div>'
+    return _section("How to read this report", body)
+
+
 def _sections(model: Any, plan: Any, stage: str, ns: Any, frame: Any) -> list[str]:
+    from qviz.viz.bands import SQNR
+
+    coloured = {"metric_column": "local_sqnr", "metric_bands": SQNR}  # fixed dB bands
     sections = [
         _summary_section(model, plan, stage),
         _transforms_section(plan),
-        _graph_section(model, ns if _has_local_sqnr(frame) else None),
+        _graph_section(model, ns, **coloured) if _has_local_sqnr(frame) else _graph_section(model),
         _ranges_section(model, stage),
         _histogram_section(model, plan, stage),
         _groups_section(plan),
@@ -190,21 +209,6 @@ def _note(text: str) -> str:
     return f'<p class="note">{_esc(text)}</p>'
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, scroll: bool = True) -> str:
-    """An HTML table; every cell is escaped, numbers are right-aligned, newlines become <br>."""
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = []
-        for cell in row:
-            num = isinstance(cell, int | float) and not isinstance(cell, bool)
-            text = _esc("" if cell is None else cell).replace("\n", "<br>")
-            cells.append(f'<td class="num">{text}</td>' if num else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-    return f'<div class="scroll">{table}</div>' if scroll else table
-
-
 def _op_counts(model: Any, observers: set[str]) -> Counter:
     """Ops by kind: call_function targets and non-observer modules (torch.export guards
     skipped); observers are counted from the plan instead."""
@@ -232,12 +236,12 @@ def _summary_section(model: Any, plan: Any, stage: str) -> str:
         ("nodes left in float", len(plan.float_nodes)),
     ]
     cards = "".join(f'<div class="stat"><b>{_esc(v)}</b>{_esc(k)}</div>' for k, v in stats)
-    ops = _table(["op", "count"], counts.most_common(), scroll=False)
+    ops = table(["op", "count"], counts.most_common())
     parts = [f'<div class="stats">{cards}</div>', "<h3>Ops by kind</h3>", ops]
     parts.append("<h3>Nodes left in float</h3>")
     if plan.float_nodes:
         rows = [(f.node, f.op, str(f.reason), f.detail) for f in plan.float_nodes]
-        parts.append(_table(["node", "op", "reason", "detail"], rows))
+        parts.append(table(["node", "op", "reason", "detail"], rows))
     else:
         parts.append("<p>None: every quantizable op is annotated.</p>")
     return _section("Summary", "\n".join(parts))
@@ -254,15 +258,20 @@ def _has_local_sqnr(frame: Any) -> bool:
 
 
 def _numeric_section(ns: Any, frame: Any) -> str:
-    """The numeric suite's summary, its SQNR bars (for a NumericReport) and its table."""
+    """The numeric suite's summary, its SQNR bars (for a NumericReport) and its table, split
+    by what the columns tell (error, output grid, slices), SQNR and clipped cells coloured by
+    the fixed bands, each part with its columns' legend."""
     from qviz.numeric.report import NumericReport
+    from qviz.viz.bands import SQNR
+    from qviz.viz.report_guide import band_legend
 
     parts = []
     if isinstance(ns, NumericReport):
         parts.append(f"<p>{_esc(ns.summary())}</p>")
         parts.append(_figure(ns.plot(), "local (own) and cumulative SQNR per operator, dB"))
-    table = frame.to_html(border=0, max_rows=500, float_format=lambda v: f"{v:.4g}", na_rep="")
-    parts.append(f'<div class="scroll">{table}</div>')
+    if any(bands_for(c) is SQNR for c in frame.columns):
+        parts.append(f"<p>SQNR cells, by the fixed bands:</p>{band_legend(SQNR)}")
+    parts.append(frame_tables(frame, COLUMN_GROUPS))
     return _section("Numeric suite", "".join(parts))
 
 
@@ -298,12 +307,11 @@ def _lowered_section(model: Any, lowered: Any, lowering: Any) -> str:
     fallbacks = lowered.float_fallbacks()
     if fallbacks:
         rows = [(r.source or r.node, r.op, r.where, r.reason) for r in fallbacks]
-        parts.append(_table(("node", "kernel", "runs on", "why float"), rows))
+        parts.append(table(("node", "kernel", "runs on", "why float"), rows))
     parts.append(_graph_body(model, lowering, lowered=lowered))
     if lowering is not None:
         parts.append(f"<p>{_esc(repr(lowering))}</p>")
-        table = lowering.df.to_html(border=0, max_rows=500, float_format=lambda v: f"{v:.4g}")
-        parts.append(f'<div class="scroll">{table}</div>')
+        parts.append(frame_tables(lowering.df))
     return _section(f"On real kernels ({lowered.backend})", "".join(parts))
 
 
@@ -387,7 +395,14 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
                 f"qviz.viz.histogram(model.get_submodule(name))."
             )
         )
-    body = "".join(notes) + f'<div class="grid">{"".join(figures)}</div>'
+    from qviz.viz.report_guide import HISTOGRAM_TERMS, glossary
+
+    legend = (
+        "<p>Each histogram: the values the observer saw (count axis logarithmic), a dashed line "
+        "at the range each calibration method would pick, dotted at the observer's own. Its "
+        "table:</p>" + glossary(HISTOGRAM_TERMS, HISTOGRAM_TERMS)
+    )
+    body = legend + "".join(notes) + f'<div class="grid">{"".join(figures)}</div>'
     heading = f"Histograms ({len(groups)} HistogramObserver groups, counts on a log axis)"
     return _section(heading, body)
 
@@ -436,7 +451,10 @@ def _groups_section(plan: Any) -> str:
         rows.append(row)
     if converted:
         headers.append("qparams")
-    return _section(f"Plan: {len(records)} observer groups", _table(headers, rows))
+    from qviz.viz.report_guide import PLAN_TERMS, glossary
+
+    body = table(headers, rows) + glossary(headers, PLAN_TERMS)
+    return _section(f"Plan: {len(records)} observer groups", body)
 
 
 def _transforms_section(plan: Any) -> str:
@@ -449,7 +467,7 @@ def _transforms_section(plan: Any) -> str:
          else f"{k}={v}" for k, v in r.params))
         for r in records
     ]  # fmt: skip
-    body = _table(("transform", "nodes", "what and why", "numbers"), rows)
+    body = table(("transform", "nodes", "what and why", "numbers"), rows)
     return _section(f"Repair transforms: {len(records)}", body)
 
 

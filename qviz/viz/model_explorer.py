@@ -20,10 +20,11 @@ id being the FX node's name. A report row names an operator of the *quantized* g
   torch records each node's source (``node.meta["from_node"]``); re-export renames the
   quantize / dequantize nodes, so only the provenance finds them reliably.
 
-Colours: SQNR by fixed dB bands, low = red (≤ 10 dB dark red, ≤ 20 orange, ≤ 30 yellow,
-≤ 40 light green, above green; ±inf, an exact or all-zero output, is written as ±200 dB since
-JSON has no infinity); clipped share by fixed bands, 0 = green to ≥ 1 % = red; scale and other
-columns by a white-to-blue gradient from the smallest to the largest value.
+Colours: SQNR and the clipped share by the fixed bands of :mod:`qviz.viz.bands`, the ones the
+HTML report uses (SQNR: ≤ 10 dB red, ≤ 20 orange, ≤ 30 yellow, ≤ 40 light green, above green;
+±inf, an exact or all-zero output, is written as ±200 dB since JSON has no infinity; clipped:
+0 green to over 1 % red); scale and other columns by a white-to-blue gradient from the smallest
+to the largest value.
 
 Example:
     >>> import json, tempfile, torch, qviz, qviz.numeric
@@ -68,20 +69,13 @@ from qviz.engine.graph.node_data import (
 )
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.errors import ConfigError, closest_names
+from qviz.viz.bands import bands_for
 
 #: The graph id Model Explorer's PyTorch adapter gives an ExportedProgram's (only) graph.
 GRAPH_ID = "graph"
 #: dB written for an infinite SQNR (JSON has no infinity); -SQNR_CAP for -inf.
 SQNR_CAP = 200.0
 
-_SQNR_BANDS = ((10.0, "#d73027"), (20.0, "#fc8d59"), (30.0, "#fee08b"), (40.0, "#d9ef8b"))
-_CLIPPED_BANDS = (
-    (0.0, "#1a9850"),
-    (1e-4, "#91cf60"),
-    (1e-3, "#fee08b"),
-    (1e-2, "#fc8d59"),
-    (1.0, "#d73027"),
-)
 _GRADIENT = ({"stop": 0, "bgColor": "#f7fbff"}, {"stop": 1, "bgColor": "#2171b5"})
 
 
@@ -120,11 +114,10 @@ class ModelExplorerData:
 
 def _styles(column: str, values: Sequence[float]) -> dict[str, Any]:
     """Thresholds (value ≤ threshold takes its colour, first match) or a gradient."""
-    if column.endswith("sqnr"):
-        bands = (*_SQNR_BANDS, (SQNR_CAP, "#1a9850"))
-        return {"thresholds": [{"value": v, "bgColor": c} for v, c in bands]}
-    if column == "clipped":
-        return {"thresholds": [{"value": v, "bgColor": c} for v, c in _CLIPPED_BANDS]}
+    bands = bands_for(column)  # the fixed bands the report and the graph colour by
+    if bands is not None:  # inf closes the SQNR bands; JSON writes it as SQNR_CAP
+        edges = [(min(upper, SQNR_CAP), colour) for upper, colour in bands.edges]
+        return {"thresholds": [{"value": v, "bgColor": c} for v, c in edges]}
     if values and min(values) == max(values):  # a gradient over one value colours nothing
         return {"thresholds": [{"value": max(values), "bgColor": _GRADIENT[1]["bgColor"]}]}
     return {"gradient": [dict(stop) for stop in _GRADIENT]}
@@ -145,7 +138,7 @@ def node_data(column: str, values: dict[str, float]) -> dict[str, Any]:
         >>> d["graph"]["results"]
         {'conv2d': {'value': 12.5}, 'relu': {'value': 200.0}}
         >>> d["graph"]["thresholds"][0]
-        {'value': 10.0, 'bgColor': '#d73027'}
+        {'value': 10.0, 'bgColor': '#f46d43'}
     """
     results = {}
     for node, value in values.items():

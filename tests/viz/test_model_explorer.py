@@ -25,6 +25,7 @@ from qviz.engine.compat import quantized_decomposed
 from qviz.errors import ConfigError
 from qviz.numeric.report import NumericReport
 from qviz.viz import to_model_explorer
+from qviz.viz.bands import GREEN, RED, YELLOW
 from qviz.viz.model_explorer import GRAPH_ID, SQNR_CAP, node_data
 
 pytest.importorskip("pandas")
@@ -148,9 +149,9 @@ def test_sqnr_colours_low_red_high_green_and_infinity_capped():
     graph = node_data("local_sqnr", {"a": 5.0, "b": 25.0, "c": 45.0, "d": math.inf})[GRAPH_ID]
     assert graph["results"]["d"] == {"value": SQNR_CAP}
     colours = {k: _me_colour(v["value"], graph) for k, v in graph["results"].items()}
-    assert colours == {"a": "#d73027", "b": "#fee08b", "c": "#1a9850", "d": "#1a9850"}
+    assert colours == {"a": RED, "b": YELLOW, "c": GREEN, "d": GREEN}  # qviz.viz.bands
     clipped = node_data("clipped", {"none": 0.0, "much": 0.05})[GRAPH_ID]
-    assert _me_colour(0.0, clipped) == "#1a9850" and _me_colour(0.05, clipped) == "#d73027"
+    assert _me_colour(0.0, clipped) == GREEN and _me_colour(0.05, clipped) == RED
     single = node_data("scale", {"a": 0.5})[GRAPH_ID]  # a gradient over one value colours nothing
     assert "gradient" not in single and _me_colour(0.5, single) is not None
 
