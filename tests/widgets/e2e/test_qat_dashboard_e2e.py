@@ -1,6 +1,8 @@
 """QATDashboard in JupyterLab: a cell trains with the dashboard displayed above it, and the page
-shows the final step and a rendered figure; while more steps run, the page shows steps in
-between (it is redrawn during the training, not after it)."""
+shows the final step, modules named by tensor and a rendered figure whose text stays >= 10 px;
+a click on "freeze observers" disables every observer on the live model, and while more steps
+run the page shows steps in between (it is redrawn during the training, not after it) and no
+scale changes any more."""
 
 from __future__ import annotations
 
@@ -53,6 +55,12 @@ dash
 TRAIN = "result = train(40)\nresult"
 
 _STATUS = ".qviz-qat-status"
+_FREEZE = "button.qviz-qat-freeze-observers"
+#: the figure's text is >= 10 pt drawn at 80 dpi (11 px): it stays >= 10 px shown at >= 90 %
+_FIGURE_SHOWN = (
+    "() => { const img = document.querySelector('img.qviz-qat-figure');"
+    " return img.clientWidth / img.naturalWidth; }"
+)
 _FIGURE_LOADED = (
     "() => { const img = document.querySelector('img.qviz-qat-figure');"
     " return img && img.complete && img.naturalWidth > 300; }"
@@ -84,12 +92,32 @@ def test_dashboard_updates_while_a_cell_trains(lab: Any, screenshots: Path) -> N
     rows = page.locator("table.qviz-qat-table tr")
     assert rows.count() == 1 + lab.kernel_json(page, "len(monitor.modules)")
     assert "changes" in rows.first.inner_text() and "%" in rows.nth(1).inner_text()
-    page.locator(".qviz-qat-figure").first.scroll_into_view_if_needed()
-    page.screenshot(path=screenshots / "qat-dashboard.png", full_page=True)
+    table = page.locator("table.qviz-qat-table").inner_text()
+    assert "linear weight" in table and "relu output" in table  # named by tensor
+    assert page.evaluate(_FIGURE_SHOWN) >= 0.9
+
+    page.locator(_FREEZE).click()
+    page.wait_for_function(
+        "() => document.querySelector('.qviz-qat-status').innerText"
+        ".includes('observers frozen after step 40')",
+        timeout=30_000,
+    )
+    assert "mod-active" in (page.locator(_FREEZE).get_attribute("class") or "")
+    observing = "[bool(m.observer_enabled[0]) for m in monitor.modules.values()]"
+    assert not any(lab.kernel_json(page, observing))
+    changes_at_freeze = lab.kernel_json(page, "monitor.changes")
+    for width in (1280, 1920):
+        page.set_viewport_size({"width": width, "height": 1000})
+        page.locator(_FREEZE).evaluate("b => b.scrollIntoView()")
+        page.screenshot(path=screenshots / f"qat-dashboard-controls-{width}.png")
+        page.locator(".qviz-qat-figure").first.scroll_into_view_if_needed()
+        page.screenshot(path=screenshots / f"qat-dashboard-{width}.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 1000})
 
     page.evaluate(_WATCH)
     more = lab.kernel_json(page, "train(30)")  # the kernel is busy for about 3 s
     assert more["steps"] == 70
+    assert lab.kernel_json(page, "monitor.changes") == changes_at_freeze  # scales stay put
     page.wait_for_function(
         f"() => document.querySelector('{_STATUS}').innerText.startsWith('step 70 ·')",
         timeout=30_000,
