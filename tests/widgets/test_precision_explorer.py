@@ -99,6 +99,22 @@ def test_the_svg_has_one_clickable_element_per_front_point(searched):
     assert plot_svg(result, 4) != svg  # the ring moves
 
 
+def test_the_plots_smallest_text_is_10_px_at_its_narrowest(searched):
+    """matplotlib writes text as glyph paths scaled by font size / 100 (points: SVG units); the
+    style sheet's min-width keeps the smallest of them at 10 CSS pixels or more."""
+    from pathlib import Path
+
+    import qviz.widgets
+
+    _, _, result = searched
+    svg = plot_svg(result, 3)
+    smallest_pt = 100 * min(float(v) for v in re.findall(r"scale\((0\.\d+) -0\.\d+\)", svg))
+    view_width = float(re.search(r'viewBox="0 0 ([\d.]+) ', svg).group(1))
+    css = (Path(qviz.widgets.__file__).parent / "static" / "pareto_widget.css").read_text()
+    narrowest = float(re.search(r"min-width: (\d+)px", css).group(1))
+    assert smallest_pt * narrowest / view_width >= 10
+
+
 def test_point_line_table_and_summary(searched):
     gm, _, result = searched
     ex = PrecisionExplorer(result, gm, graph=False)

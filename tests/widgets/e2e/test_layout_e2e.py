@@ -137,7 +137,7 @@ SIZES = {1280: 800, 1920: 1080}
 DENSITY = 2
 
 
-def _check_text(page: Any, name: str, width: int) -> None:
+def _check_text(page: Any, name: str, width: int) -> float:
     text = page.evaluate(_SMALLEST_TEXT)
     assert text["count"] > 20, f"{name}: no text found in the widget: {text}"
     smallest = text["smallest"][0]
@@ -149,6 +149,7 @@ def _check_text(page: Any, name: str, width: int) -> None:
         assert ratio == pytest.approx(natural_h / natural_w, rel=0.02), image
         # shown at its CSS size (natural / density): its text is at the size it was drawn for
         assert image["width"] >= natural_w / DENSITY - 1, f"{name}: a PNG is shrunk: {image}"
+    return float(smallest["px"])
 
 
 def _check_layout(page: Any, name: str, width: int) -> dict[str, float]:
@@ -186,16 +187,17 @@ def test_each_widget_fits_1280_and_1920_and_opens_readable(
     panes = {}
     for width in (1280, 1920):
         panes[width] = _check_layout(page, name, width)
-        _check_text(page, name, width)
+        panes[width]["smallest text"] = _check_text(page, name, width)
         page.locator(".qviz-graph").first.scroll_into_view_if_needed()
         page.screenshot(path=screenshots / f"layout-{name}-{width}.png")
-        _reset_keeps_text_legible(page, name)
+        panes[width]["graph text after reset"] = _reset_keeps_text_legible(page, name)
         page.screenshot(path=screenshots / f"layout-{name}-{width}-reset.png")
         if name == "dashboard":
             page.locator(".qviz-panel").first.evaluate(
                 "e => e.closest('.jp-OutputArea-output').querySelector('img').scrollIntoView()"
             )
             page.screenshot(path=screenshots / f"layout-{name}-{width}-detail.png")
+    print(name, {w: {k: round(v, 1) for k, v in p.items()} for w, p in panes.items()})
     small, large = panes[1280], panes[1920]
     assert large["graph"] > small["graph"] + 100, f"{name}: the graph pane did not widen: {panes}"
     assert large["panel"] > small["panel"] + 100, f"{name}: the panel did not widen: {panes}"
