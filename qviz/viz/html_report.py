@@ -7,6 +7,12 @@ sharing groups, nodes left in float and why, from ``model.plan``), the graph
 :func:`qviz.viz.histograms.histogram_data`, the numbers :func:`qviz.viz.histogram` draws, with
 each method's table) for a prepared model, the plan's group table, and optionally a
 numeric-suite table.
+
+It reads on its own: a "How to read this report" section first, and under each table a legend of
+its columns (:mod:`qviz.viz.report_guide`). SQNR is coloured by fixed dB bands, in the graph's
+boxes and in the tables alike (≤ 10 dB red to > 40 dB green, :mod:`qviz.viz.bands`, the bands the
+Model Explorer export uses), so a colour means the same in every report. The graph and the
+tables are shown whole, the graph scaled to the page's width: only the page scrolls.
 Everything is inline: no scripts, stylesheets, images or fonts are fetched, so the file can be
 mailed or attached to an issue as is.
 
@@ -310,8 +316,10 @@ def _lowered_section(model: Any, lowered: Any, lowering: Any) -> str:
         parts.append(table(("node", "kernel", "runs on", "why float"), rows))
     parts.append(_graph_body(model, lowering, lowered=lowered))
     if lowering is not None:
+        from qviz.viz.report_guide import LOWERING_TERMS
+
         parts.append(f"<p>{_esc(repr(lowering))}</p>")
-        parts.append(frame_tables(lowering.df))
+        parts.append(frame_tables(lowering.df, terms=LOWERING_TERMS))
     return _section(f"On real kernels ({lowered.backend})", "".join(parts))
 
 

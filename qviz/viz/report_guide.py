@@ -61,10 +61,16 @@ TABLE_TERMS: dict[str, str] = {
     "local_bias_share": "share of the local error that is a constant offset per channel (what "
     "bias correction removes); worst_channel_bias_share: the same for the worst channel",
     "handle": "the debug handle the float and quantized operators were matched on",
+}
+#: The lowering comparison's columns (``qviz.numeric.compare_lowered``).
+LOWERING_TERMS: dict[str, str] = {
     "tensor": "the reference's quantize node",
-    "elements": "elements: values in the tensor; differing: how many differ from the "
-    "reference's integers; share: their fraction",
-    "max_steps": "largest difference from the reference, in steps of the tensor's grid",
+    "op": "the node whose output it quantizes",
+    "elements": "elements: values in the tensor; differing: how many of the real kernels' "
+    "integers differ from the reference's; share: their fraction",
+    "max_steps": "the largest difference, in steps of the tensor's grid (integer levels)",
+    "local_sqnr": TABLE_TERMS["local_sqnr"],
+    "cumulative_sqnr": TABLE_TERMS["cumulative_sqnr"],
 }
 #: Columns explained under another column's entry.
 _SAME_AS = {"float_max": "float_min", "grid_max": "grid_min", "worst_token":
@@ -145,7 +151,7 @@ def glossary(columns: Iterable[str], terms: Mapping[str, str]) -> str:
     """
     seen, rows = set(), []
     for column in columns:
-        key = _SAME_AS.get(str(column), str(column)) if terms is TABLE_TERMS else str(column)
+        key = _SAME_AS.get(str(column), str(column))
         if key in terms and key not in seen:
             seen.add(key)
             rows.append(f"<dt>{html.escape(key)}</dt><dd>{html.escape(terms[key])}</dd>")

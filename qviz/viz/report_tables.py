@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from qviz.viz.bands import Bands, bands_for
@@ -58,10 +58,15 @@ COLUMN_GROUPS = (
 _MAX_ROWS = 1000
 
 
-def frame_tables(frame: Any, groups: Sequence[tuple[str, Sequence[str]]] = ()) -> str:
+def frame_tables(
+    frame: Any,
+    groups: Sequence[tuple[str, Sequence[str]]] = (),
+    terms: Mapping[str, str] | None = None,
+) -> str:
     """``frame`` as tables shown whole: one per group of ``groups`` that it has columns of, the
     ``node`` column (or the index) first in each, then one of the columns no group names; each
-    with the legend of its columns (:data:`~qviz.viz.report_guide.TABLE_TERMS`).
+    with the legend of its columns from ``terms`` (default: the numeric suite's,
+    :data:`~qviz.viz.report_guide.TABLE_TERMS`).
 
     Example:
         >>> import pandas as pd
@@ -72,6 +77,7 @@ def frame_tables(frame: Any, groups: Sequence[tuple[str, Sequence[str]]] = ()) -
     """
     from qviz.viz.report_guide import TABLE_TERMS, glossary
 
+    terms = TABLE_TERMS if terms is None else terms
     key = [c for c in frame.columns if str(c) == "node"][:1]
     named = {c for _, group in groups for c in group}
     by_name = {str(c): c for c in frame.columns}
@@ -87,7 +93,7 @@ def frame_tables(frame: Any, groups: Sequence[tuple[str, Sequence[str]]] = ()) -
     for i, (title, shown) in enumerate(parts):
         heading = f"<h3>{_esc(title)}</h3>" if len(parts) > 1 else ""
         explained = [str(c) for c in (shown if i else key + shown)]  # the key column once
-        out.append(heading + _banded_table(frame, key + shown) + glossary(explained, TABLE_TERMS))
+        out.append(heading + _banded_table(frame, key + shown) + glossary(explained, terms))
     return "".join(out)
 
 

@@ -169,3 +169,16 @@ def test_a_plain_frame_keeps_its_index_and_colours_its_sqnr_column(tmp_path):
     section = text[text.index("<h2>Numeric suite") :]
     assert "<th>layer</th>" in section and "<td>conv</td>" in section
     assert _cell_colour(section, "31.5") == LIGHT_GREEN and _cell_colour(section, "8") == RED
+
+
+def test_the_lowering_table_is_explained_in_its_own_terms():
+    from qviz.viz.report_guide import LOWERING_TERMS
+    from qviz.viz.report_tables import frame_tables
+
+    row = {"tensor": "quantize_per_tensor_default", "op": "relu", "elements": 4, "differing": 1,
+           "share": 0.25, "max_steps": 1}  # fmt: skip
+    frame = pd.DataFrame([row])
+    page = frame_tables(frame, terms=LOWERING_TERMS)
+    assert "<dt>op</dt><dd>the node whose output it quantizes</dd>" in page
+    assert "<dt>elements</dt>" in page and "<dt>differing</dt>" not in page  # under elements
+    assert "<dt>max_steps</dt>" in page and 'style="background' not in page  # no bands here
