@@ -252,6 +252,16 @@ class Lab:
         run_all_cells(page, len(cells))
         return page
 
+    def open_notebook_file(self, path: Path) -> Any:
+        """Copy the notebook at ``path`` into the server's root and open it, idle, without
+        running it; returns the page."""
+        (self.server.root / path.name).write_bytes(path.read_bytes())
+        page = self.context.new_page()
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.goto(f"{self.server.url}/lab/tree/{path.name}?token={self.server.token}")
+        wait_for_idle_kernel(page)
+        return page
+
 
 def wait_for_idle_kernel(page: Any) -> None:
     """Wait until the notebook's cells exist and the status bar says the kernel is Idle."""
@@ -264,11 +274,11 @@ def _prompts(page: Any) -> list[str]:
     return [p.strip() for p in prompts]
 
 
-def run_all_cells(page: Any, count: int) -> None:
-    """Run all cells; resend when the request was lost to the kernel-idle race; fail on errors.
+def start_run_all(page: Any) -> None:
+    """Send "run all cells" until the first prompt shows it started (``[*]:`` or ``[n]:``).
 
     The toolbar says idle about 1.5 s before the kernel is connected, and a request sent then is
-    silently dropped: after sending, the first prompt must turn ``[*]:`` or ``[n]:``.
+    silently dropped.
     """
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -276,7 +286,8 @@ def run_all_cells(page: Any, count: int) -> None:
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         try:
             page.wait_for_function(
-                "() => { const p = document.querySelector('.jp-Notebook .jp-InputArea-prompt');"
+                "() => { const p = document.querySelector("
+                "'.jp-Notebook .jp-CodeCell .jp-InputArea-prompt');"
                 " return p && /\\[(\\*|\\d+)\\]/.test(p.textContent); }",
                 timeout=3000,
             )
@@ -285,6 +296,15 @@ def run_all_cells(page: Any, count: int) -> None:
             continue
     else:
         pytest.fail(f"the cells never started running; prompts: {_prompts(page)}")
+
+
+def run_all_cells(page: Any, count: int) -> None:
+    """Run all cells; resend when the request was lost to the kernel-idle race; fail on errors.
+
+    The toolbar says idle about 1.5 s before the kernel is connected, and a request sent then is
+    silently dropped: after sending, the first prompt must turn ``[*]:`` or ``[n]:``.
+    """
+    start_run_all(page)
     deadline = time.monotonic() + RUN_ALL_MS / 1000
     while time.monotonic() < deadline:
         prompts = _prompts(page)
