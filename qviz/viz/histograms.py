@@ -549,7 +549,10 @@ def _draw_table(ax: Any, rows: tuple[dict[str, Any], ...]) -> None:
         ]
         for r in rows
     ]
-    table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="center")
+    widths = [0.15, 0.2, 0.11, 0.1, 0.3, 0.12]  # the clipped column holds a bracket too
+    table = ax.table(
+        cellText=cells, colLabels=header, colWidths=widths, loc="upper center", cellLoc="center"
+    )
     table.auto_set_font_size(False)
     table.set_fontsize(SMALLEST_FONT_PT)
     table.scale(1.0, 1.25)
