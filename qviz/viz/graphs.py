@@ -9,6 +9,12 @@ edges it observes, in its sharing group's colour; ops the plan left in float are
 the reason as tooltip. The converted graph labels quantize/dequantize with the plan's scale
 and zero_point and marks integer weights.
 
+In a notebook (JupyterLab, Voila) a :class:`QGraph` shows as SVG inline in HTML, so hovering a
+box or an edge label shows its tooltip; the drawing shrinks to the output's width while its text
+stays legible (10 px), scrolling in its own box past that, and a graph taller than 1000 px is folded
+under a one-line summary, a click away (``graph(..., fold=False)`` never folds; the rules:
+:mod:`qviz.viz.inline_svg`). Other front-ends get the plain ``image/svg+xml``.
+
 A graph exported from a quant_nn model (``qviz.export(quantize_model(m), inputs)``) draws
 each TensorQuantizer as one marker on the edge it quantizes, its arithmetic hidden:
 ``int8 amax=4.52 scale=0.0356 entropy`` (scale = amax / quant_max), the range for a
@@ -47,6 +53,7 @@ from qviz.viz.bands import Bands
 from qviz.viz.dot import to_digraph
 from qviz.viz.graph_records import GraphView
 from qviz.viz.hierarchy import collapse as collapse_view
+from qviz.viz.inline_svg import InlineLayout, inline_html
 from qviz.viz.long_edges import fold_long_edges
 from qviz.viz.read_graph import read_graph
 
@@ -59,6 +66,8 @@ class QGraph:
     Attributes:
         view: the records drawn (:class:`~qviz.viz.graph_records.GraphView`).
         digraph: the ``graphviz.Digraph``.
+        layout: how it sits in a notebook output: fitted to the width, folded when tall
+            (:class:`~qviz.viz.inline_svg.InlineLayout`; change it with :meth:`with_layout`).
 
     Example:
         >>> import torch, qviz
@@ -67,9 +76,33 @@ class QGraph:
         ('float', 3)
     """
 
-    def __init__(self, view: GraphView, digraph: Any) -> None:
+    def __init__(self, view: GraphView, digraph: Any, layout: InlineLayout | None = None) -> None:
         self.view = view
         self.digraph = digraph
+        self.layout = InlineLayout() if layout is None else layout
+        if not isinstance(self.layout, InlineLayout):
+            raise ConfigError(
+                f"QGraph(layout=...) takes an InlineLayout, got {type(layout).__name__}"
+            )
+
+    def with_layout(self, **changes: Any) -> QGraph:
+        """This drawing with other notebook-output choices (``fold``, ``max_height``,
+        ``page_width``, ``min_text_px``: :class:`~qviz.viz.inline_svg.InlineLayout`).
+
+        Raises:
+            ConfigError: an unknown choice or a bad value.
+
+        Example:
+            >>> import torch, qviz
+            >>> g = graph(qviz.export(torch.nn.ReLU(), (torch.randn(2),)))
+            >>> g.with_layout(fold=True).layout.fold, g.layout.fold
+            (True, None)
+        """
+        known = ("fold", "max_height", "page_width", "min_text_px")
+        unknown = sorted(set(changes) - set(known))
+        if unknown:
+            raise ConfigError(f"QGraph.with_layout: unknown {unknown}; choose from {list(known)}")
+        return QGraph(self.view, self.digraph, replace(self.layout, **changes))
 
     @property
     def stage(self) -> str:
@@ -114,8 +147,25 @@ class QGraph:
     def _repr_svg_(self) -> str:
         return self.svg()
 
+    def html(self) -> str:
+        """The drawing as HTML for a notebook output: the SVG inline (tooltips on hover), fitted
+        to the width, folded when tall (:mod:`qviz.viz.inline_svg`; needs ``dot``).
+
+        Example:
+            >>> import shutil, torch, qviz
+            >>> g = graph(qviz.export(torch.nn.ReLU(), (torch.randn(2),)))
+            >>> g.html().startswith('<div class="qviz-graph-box"') if shutil.which("dot") else True
+            True
+        """
+        return inline_html(self.svg(), self.layout, f"{self.stage} graph, {len(self)} nodes")
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"image/svg+xml": self.svg(), "text/plain": repr(self)}
+        svg = self.svg()
+        return {
+            "text/html": inline_html(svg, self.layout, f"{self.stage} graph, {len(self)} nodes"),
+            "image/svg+xml": svg,
+            "text/plain": repr(self),
+        }
 
     def __repr__(self) -> str:
         return f"QGraph(stage={self.stage!r}, nodes={len(self)}, edges={len(self.view.edges)})"
@@ -318,6 +368,7 @@ def graph(
     higher_is_better: bool | None = None,
     lowered: Any = None,
     metric_bands: Bands | None = None,
+    fold: bool | None = None,
 ) -> QGraph:
     """Draw ``model`` at its stage: captured float, annotated, observed (prepared), converted,
     or exported from a model of quant_nn layers (what each shows: ``qviz.viz.graphs``).
@@ -341,6 +392,7 @@ def graph(
         lowered: ``qviz.lower(model, ...)``: each op's border says whether the lowered program
             runs it on an integer kernel (blue) or a float one (orange, dashed; hover: why).
         metric_bands: fixed colour bands, the same in every drawing (``qviz.viz.bands.SQNR``).
+        fold: in a notebook, fold it (True), never (False), or past 1000 px tall (None, default).
 
     Returns:
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
@@ -362,6 +414,5 @@ def graph(
     settings = (metric_column, metric_range, higher_is_better, metric_bands)
     view = _apply_metrics(view, model, metrics, *settings)
     view = _with_partition(view, model, lowered)
-    view = collapse_view(view, collapse, (name for name, _ in model.named_modules()))
-    view = fold_long_edges(view)
-    return QGraph(view, to_digraph(view, _highlight(highlight)))
+    view = fold_long_edges(collapse_view(view, collapse, (n for n, _ in model.named_modules())))
+    return QGraph(view, to_digraph(view, _highlight(highlight)), InlineLayout(fold=fold))
