@@ -137,15 +137,16 @@ def report(
     sections = _sections(model, plan, stage, ns, frame)
     if lowered is not None:
         sections.append(_lowered_section(model, lowered, lowering))
-    sections.insert(0, _guide_section(frame is not None, lowered is not None))
+    sections.insert(0, _guide_section(frame, lowered is not None))
     out.write_text(_page(heading, stage, sections), encoding="utf-8")
     return out
 
 
-def _guide_section(numeric: bool, lowered: bool) -> str:
+def _guide_section(frame: Any, lowered: bool) -> str:
     from qviz.viz.report_guide import guide
 
-    body = f'<div class="guide">{guide(numeric=numeric, lowered=lowered)}</div>'
+    text = guide(numeric=frame is not None, coloured=_has_local_sqnr(frame), lowered=lowered)
+    body = f'<div class="guide">{text}</div>'
     return _section("How to read this report", body)
 
 

@@ -158,9 +158,10 @@ def glossary(columns: Iterable[str], terms: Mapping[str, str]) -> str:
     return f'<dl class="terms">{"".join(rows)}</dl>' if rows else ""
 
 
-def guide(*, numeric: bool = False, lowered: bool = False) -> str:
+def guide(*, numeric: bool = False, coloured: bool = False, lowered: bool = False) -> str:
     """The "How to read this report" section: SQNR and its bands when the page has numeric
-    results, the graph's boxes, and where each table's legend is."""
+    results (``numeric``), the graph's boxes (``coloured``: by local_sqnr; ``lowered``: the
+    real kernels), and where each table's legend is."""
     parts = []
     if numeric:
         parts.append(f"<p>{_SQNR}</p>{band_legend(SQNR)}")
@@ -169,7 +170,7 @@ def guide(*, numeric: bool = False, lowered: bool = False) -> str:
         "the graph says what each colour means. <b>gN</b> marks the observer of sharing group "
         "N: tensors with the same gN share one scale and zero_point (<b>zp</b>). A converted "
         "model's quantize / dequantize boxes show that scale and zp. "
-        + ("With numeric results, each operator's box shows its local_sqnr. " if numeric else "")
+        + ("Each operator's box shows its local_sqnr, in its band's colour. " if coloured else "")
         + ("On real kernels: a blue border runs on an integer kernel, an orange dashed one on a "
            "float kernel; that graph is coloured by steps from the reference, 0 green to 4× "
            "the tolerance red. " if lowered else "")
