@@ -38,6 +38,8 @@ def test_editor_and_explorer_render_in_voila(voila, screenshots):
     inline = page.locator(".jp-OutputArea-output svg.qviz-inline-graph")
     assert inline.count() == 1 and inline.locator("g.node title").count() > 5
     assert page.locator('.jp-OutputArea-output img[src^="data:image/svg"]').count() == 0
+    inline.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshots / "voila_graph.png"))
     page.screenshot(path=str(screenshots / "voila.png"), full_page=True)
     # qviz's Voila template drops the Font Awesome stylesheets Voila's own links from a CDN;
     # nothing leaves 127.0.0.1: the widgets' code and icon font ship in the packages
