@@ -25,6 +25,9 @@ SVG inline in HTML (:func:`inline_html`). What the HTML does to the SVG:
 :class:`InlineLayout` holds those choices; ``qviz.viz.graph(..., fold=...)`` and
 :meth:`QGraph.with_layout <qviz.viz.QGraph.with_layout>` set them.
 
+JupyterLab sanitizes the HTML of an untrusted notebook's saved outputs (one opened from
+elsewhere), which removes inline SVG: run the cell again, or trust the notebook, to see it.
+
 Example:
     >>> svg = ('<?xml version="1.0"?><svg width="60pt" height="30pt" viewBox="0 0 60 30">'
     ...        '<g id="node1"><a xlink:title="relu"><text font-size="11.00">r</text></a></g>'
