@@ -79,11 +79,15 @@ def _events(axes: list[Any], events: list[Any]) -> None:
     for ax in axes:
         for event in events:
             ax.axvline(event.step + 0.5, color="tab:red", ls="--", lw=1.2)
-    for ax in axes[:2]:
-        for event in events:
-            ax.annotate(event.text, (event.step + 0.5, 0.97), xycoords=("data", "axes fraction"),
-                        xytext=(-2, 0), textcoords="offset points", va="top", ha="right",
-                        rotation=90, color="tab:red", fontsize=MIN_FONT_PT)  # fmt: skip
+    top = axes[0]
+    right = top.get_xlim()[1]
+    for i, event in enumerate(events):  # one below the other, on the left of late lines
+        late = event.step + 0.5 > top.get_xlim()[0] + 0.6 * (right - top.get_xlim()[0])
+        top.annotate(event.text, (event.step + 0.5, 0.96 - 0.16 * (i % 5)),
+                     xycoords=("data", "axes fraction"), xytext=(-3 if late else 3, 0),
+                     textcoords="offset points", va="top", ha="right" if late else "left",
+                     color="tab:red", fontsize=MIN_FONT_PT,
+                     bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1})  # fmt: skip
 
 
 def _heat(fig: Any, ax: Any, series: dict[str, list[Any]], steps: list[int]) -> None:

@@ -84,8 +84,9 @@ def test_no_text_in_the_figure_is_smaller_than_10_px(dpi):
 
     fig = qat_figure(_monitored(steps=3, mark_at=2))
     fig.canvas.draw()  # ticks and colour-bar labels exist once drawn
-    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
-    assert len(texts) >= 20
+    ticks = [t for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    texts = [t for t in fig.findobj(Text) + ticks if t.get_visible() and t.get_text().strip()]
+    assert len(texts) >= 40 and any(t.get_text() == "linear weight" for t in ticks)
     sizes = {t.get_text(): t.get_fontsize() * dpi / 72 for t in texts}
     small = {text: px for text, px in sizes.items() if px < 10}
     assert not small, f"texts under 10 px at {dpi} dpi: {small}"
