@@ -26,8 +26,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["TEMPLATE", "TEMPLATE_ROOT", "main", "voila_args", "voila_env"]
-
 #: The name of qviz's Voila template.
 TEMPLATE = "qviz"
 #: The Jupyter data folder that holds ``voila/templates/qviz``.
