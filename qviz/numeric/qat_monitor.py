@@ -14,6 +14,10 @@ and sums them over the forward passes since the last step.
 Memory is bounded: past ``max_records`` steps per module, every other record is dropped (the
 change counts stay exact).
 
+Each module is named by the tensor it quantizes, from the graph (``record.label``:
+``conv2d_1 weight``, ``relu output``; :mod:`qviz.numeric.qat_names`), and ``monitor.mark(text)``
+notes a change to the training (a freeze) at the current step, drawn as a line by ``plot()``.
+
 Callbacks watch the training live: ``monitor.add_callback(fn)`` has ``fn(monitor, records)``
 called at the end of every ``step()`` with that step's records, one per module (a live view such
 as :class:`qviz.widgets.QATDashboard` redraws from them); ``remove_callback(fn)`` stops it.
@@ -151,6 +155,16 @@ class QATMonitor:
         sample: the clipped share and mean |x| / scale of a tensor are taken on every k-th
             element, at most about this many (per channel: in every channel alike), which
             keeps the monitor's cost a small share of a training step; None takes them all.
+
+    Attributes:
+        model: the model it watches (what :class:`qviz.widgets.QATDashboard`'s freeze buttons
+            act on).
+        modules: the fake-quantize modules, by path.
+        labels: what each module quantizes, named from the graph
+            (:func:`qviz.numeric.qat_names.tensor_labels`: ``conv2d_1 weight``, ``relu output``);
+            every record carries its ``label``.
+        events: the :meth:`mark` s so far (the figure draws each as a dashed line).
+        changes: per module, the exact number of steps on which its qparams changed.
 
     Raises:
         ConfigError: the model has no fake-quantize module.
