@@ -52,6 +52,8 @@ from qviz.viz.report_tables import COLUMN_GROUPS, frame_tables, table
 #: Graphs with more drawn nodes than this are redrawn collapsed to module depth ``_COLLAPSE``.
 _BIG_GRAPH = 150
 _COLLAPSE = 2
+#: The graph shrinks to the page's width no further than its smallest text stays this big (px).
+_MIN_TEXT_PX = 10.0
 #: At most this many per-observer histograms; the rest are counted in a note.
 _MAX_HISTOGRAMS = 40
 
@@ -254,12 +256,6 @@ def _summary_section(model: Any, plan: Any, stage: str) -> str:
     return _section("Summary", "\n".join(parts))
 
 
-def _strip_prolog(svg: str) -> str:
-    """The ``<svg ...>`` element alone (no XML declaration, DOCTYPE or leading comments)."""
-    start = svg.find("<svg")
-    return svg[start:] if start >= 0 else svg
-
-
 def _has_local_sqnr(frame: Any) -> bool:
     return frame is not None and "local_sqnr" in getattr(frame, "columns", ())
 
@@ -299,10 +295,23 @@ def _graph_body(model: Any, metrics: Any = None, **kw: Any) -> str:
                 f"(draw it whole with qviz.viz.graph(model))."
             )
             drawn = graph(model, collapse=_COLLAPSE, metrics=metrics, **kw)
-        svg = _strip_prolog(drawn.svg())
+        svg = _page_svg(drawn.svg(), "lowered-" if "lowered" in kw else "graph-")
     except MissingDependencyError as exc:
         return _note(f"The graph could not be drawn: {exc}")
     return (_note(note) if note else "") + f'<div class="graph">{svg}</div>'
+
+
+def _page_svg(svg: str, prefix: str) -> str:
+    """A Graphviz document as an element of the page (:mod:`qviz.viz.inline_svg`): no prolog,
+    tooltips that show on hover, ids unique on the page, and scaled to the page's width
+    (``.graph svg`` in the CSS) no further than its smallest text stays 10 px; a graph too
+    wide for that makes the page, not a box of its own, scroll sideways."""
+    from qviz.viz.inline_svg import strip_prolog, svg_size, text_px, title_tooltips, unique_ids
+
+    body = title_tooltips(unique_ids(strip_prolog(svg), prefix))
+    width, text = svg_size(body)[0], text_px(body)
+    smallest = width * min(1.0, _MIN_TEXT_PX / text) if text else 0.0
+    return body.replace("<svg", f'<svg style="min-width:{smallest:.0f}px"', 1)
 
 
 def _lowered_section(model: Any, lowered: Any, lowering: Any) -> str:

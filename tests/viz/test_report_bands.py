@@ -182,3 +182,16 @@ def test_the_lowering_table_is_explained_in_its_own_terms():
     assert "<dt>op</dt><dd>the node whose output it quantizes</dd>" in page
     assert "<dt>elements</dt>" in page and "<dt>differing</dt>" not in page  # under elements
     assert "<dt>max_steps</dt>" in page and 'style="background' not in page  # no bands here
+
+
+def test_the_graph_shrinks_to_the_page_no_further_than_10_px_text(page):
+    """The SVG fits the page's width (max-width:100%, height:auto) down to a min-width at which
+    its smallest text is 10 px; ids are prefixed and tooltips are <title>s, as in notebooks."""
+    from qviz.viz.inline_svg import svg_size, text_px
+
+    start = page.index('<div class="graph">') + len('<div class="graph">')
+    svg = page[start : page.index("</svg>", start) + len("</svg>")]
+    floor = float(re.match(r'<svg style="min-width:(\d+)px"', svg).group(1))
+    width, smallest = svg_size(svg)[0], text_px(svg)
+    assert smallest * floor / width == pytest.approx(10.0, abs=0.1) and floor < width
+    assert 'id="graph-node1"' in svg and "<title>local_sqnr = 36.9" in svg
