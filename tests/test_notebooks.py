@@ -1,5 +1,11 @@
 """The teaching notebooks: committed without outputs, and each runs top to bottom without error.
 
+The committed-without-outputs checks always run. The execution with nbclient runs only when the
+browser tests are skipped (``QVIZ_SKIP_BROWSER=1``): otherwise
+``tests/widgets/e2e/test_notebooks_e2e.py`` runs every notebook in JupyterLab, in a real browser,
+and applies the same checks of the executed notebook (``check_executed``) to what the kernel sent
+there, so executing each notebook twice would only double the time.
+
 Each notebook is executed with nbclient in a fresh kernel. The kernel is this very interpreter
 (a kernelspec written to a temporary ``JUPYTER_PATH`` points at ``sys.executable``, and the first
 cell run checks it), so a notebook sees the same qviz and torch as the tests; IPython, Jupyter
@@ -26,6 +32,11 @@ CELL_TIMEOUT_S = 300
 #: The PNG figures a notebook shows at least (each ``fig`` cell must render as an image).
 IMAGES = {"08_quantization_aware_training.ipynb": 1}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: Why the nbclient execution is skipped when the browser tests run.
+_IN_THE_BROWSER = (
+    "executed in JupyterLab by tests/widgets/e2e/test_notebooks_e2e.py; nbclient executes the "
+    "notebooks only when the browser tests are skipped (QVIZ_SKIP_BROWSER=1)"
+)
 _PROBE = "import json, sys\nprint(json.dumps({'executable': sys.executable, 'prefix': sys.prefix}))"
 
 
@@ -92,12 +103,12 @@ def test_notebook_is_committed_without_outputs(path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("QVIZ_SKIP_BROWSER") != "1", reason=_IN_THE_BROWSER)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _isolated_kernel_env(tmp_path, monkeypatch)
     nb = nbformat.read(path, as_version=4)
     nb.cells.insert(0, nbformat.v4.new_code_cell(_PROBE))
-    nb.metadata["qviz_path"] = path.name
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
@@ -119,8 +130,15 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         f"the notebook ran in {probe}, not in the interpreter running the tests ({sys.executable})"
     )
     _check_widget_state(nb)
-    _check_figures_render(nb)
-    if path.name.startswith("02_"):
+    del nb.cells[0]  # the probe: the cell indices are the committed notebook's from here on
+    check_executed(nb, path.name)
+
+
+def check_executed(nb: nbformat.NotebookNode, name: str) -> None:
+    """The checks of an executed notebook ``name`` (its cells as committed, with the outputs the
+    kernel sent), shared with the JupyterLab run of tests/widgets/e2e/test_notebooks_e2e.py."""
+    _check_figures_render(nb, name)
+    if name.startswith("02_"):
         _check_prepared_counts(nb)
 
 
@@ -135,26 +153,26 @@ def _check_prepared_counts(nb: nbformat.NotebookNode) -> None:
     )
     assert printed, "notebook 02 no longer prints the prepared model's counts"
     said = re.search(
-        r"(\d+) observers", "".join(c.source for c in nb.cells[1:] if c.cell_type == "markdown")
+        r"(\d+) observers", "".join(c.source for c in nb.cells if c.cell_type == "markdown")
     )
     assert printed.group(1) == "0" and said
     assert printed.group(2) == said.group(1) != "0", (printed.group(0), said.group(0))
 
 
-def _check_figures_render(nb: nbformat.NotebookNode) -> None:
+def _check_figures_render(nb: nbformat.NotebookNode, name: str) -> None:
     """Every matplotlib Figure a cell displayed came out as an image, not as its text repr
     (issue 25: ``fig = monitor.plot(); fig`` showed ``<Figure size 1000x572 with 4 Axes>``)."""
     as_text = [
         index
-        for index, cell in enumerate(nb.cells[1:])
+        for index, cell in enumerate(nb.cells)
         for o in cell.get("outputs", [])
         if str(o.get("data", {}).get("text/plain", "")).startswith("<Figure size")
         and "image/png" not in o["data"]
     ]
-    assert not as_text, f"cells {as_text} (0-based) show a Figure as text, not as an image"
+    assert not as_text, f"{name}: cells {as_text} (0-based) show a Figure as text, not an image"
     images = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
-    expected = IMAGES.get(Path(nb.metadata.get("qviz_path", "")).name, 0)
-    assert images >= expected, f"{images} PNG images shown, expected at least {expected}"
+    expected = IMAGES.get(name, 0)
+    assert images >= expected, f"{name}: {images} PNG images shown, expected at least {expected}"
 
 
 def _check_widget_state(nb: nbformat.NotebookNode) -> None:
