@@ -23,14 +23,18 @@ from qviz.viz.history_plot import history_plot
 from qviz.viz.html_report import report
 from qviz.viz.model_explorer import to_model_explorer
 from qviz.viz.range_view import ranges
+from qviz.viz.tensor_plots import clipping_tradeoff_plot, per_channel_gain_plot, ste_plot
 
 __all__ = [
     "QGraph",
     "capabilities",
+    "clipping_tradeoff_plot",
     "graph",
     "histogram",
     "history_plot",
+    "per_channel_gain_plot",
     "ranges",
     "report",
+    "ste_plot",
     "to_model_explorer",
 ]
