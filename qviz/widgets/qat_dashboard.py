@@ -22,9 +22,10 @@ Drawing costs time the training does not have, so it is throttled twice: at most
 least ``min_interval_s`` and at least as long as the last redraw took times
 ``(1 - max_share) / max_share``. Rendering therefore takes at most about ``max_share`` of the
 wall time (20 % by default). Measured with ``benchmarks/qat_dashboard.py`` on a shared 2-core
-CPU: a digits QAT step (batch 64, 14 fake-quantize modules) took 0.3 s, a redraw 0.6 s (almost
-all of it the figure; text and table alone well under a millisecond), and with ``every=10,
-min_interval_s=0.5`` the redraws took 8.6 % of a 200-step loop. A step skipped by the throttle
+CPU (busy, load about 6): a digits QAT step (batch 64, 14 fake-quantize modules) took 0.1 s, a
+redraw of the named figure 0.46 s (almost all of it the figure; text and table alone well under a
+millisecond), and with ``every=10, min_interval_s=0.5`` the redraws took 15.5 % of a 100-step
+loop. A step skipped by the throttle
 is shown by the next redraw; call :meth:`QATDashboard.refresh` after the loop to show the last
 step.
 
