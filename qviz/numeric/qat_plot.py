@@ -80,7 +80,8 @@ def _events(axes: list[Any], events: list[Any]) -> None:
         for event in events:
             ax.axvline(event.step + 0.5, color="tab:red", ls="--", lw=1.2)
     top = axes[0]
-    right = top.get_xlim()[1]
+    right = max([top.get_xlim()[1]] + [e.step + 1.0 for e in events])  # a mark on the last
+    top.set_xlim(right=right)  # step is drawn inside the axes, not on their edge
     for i, event in enumerate(events):  # one below the other, on the left of late lines
         late = event.step + 0.5 > top.get_xlim()[0] + 0.6 * (right - top.get_xlim()[0])
         top.annotate(event.text, (event.step + 0.5, 0.96 - 0.16 * (i % 5)),

@@ -78,6 +78,12 @@ def test_the_figure_names_every_line_and_row_and_draws_the_marks():
     assert "observers frozen" in texts
 
 
+def test_a_mark_after_the_last_step_is_drawn_inside_the_axes():
+    monitor = _monitored(steps=3, mark_at=3)
+    fig = qat_figure(monitor)
+    assert all(ax.get_xlim()[1] >= 4.0 for ax in fig.axes[:2])  # the line at 3.5 is visible
+
+
 @pytest.mark.parametrize("dpi", [80, 100])  # the dashboard's PNG, a notebook's `fig`
 def test_no_text_in_the_figure_is_smaller_than_10_px(dpi):
     from matplotlib.text import Text
