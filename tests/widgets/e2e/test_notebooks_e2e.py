@@ -49,7 +49,6 @@ WIDTHS = (1280, 1920)
 #: The viewport's height while the screenshots are taken (fewer pieces to stitch).
 SHOT_HEIGHT = 2000
 SMALL_TEXT_PX = 10
-_WIDGET = "application/vnd.jupyter.widget-view+json"
 
 #: Per code cell: its index, whether it is still queued or running, and its execution count.
 _STATES = """() => window.jupyterapp.shell.currentWidget.content.widgets
@@ -285,7 +284,7 @@ def _exercise_05(page: Any) -> None:
     """Notebook 05: its exercises click the AnnotationEditor, the CalibrationExplorer and the
     NumericDashboard. Their clicks and the visible results belong here; until then, each
     widget the notebook shows has a rendered view."""
-    views = page.locator(f".jp-OutputArea-output[data-mime-type='{_WIDGET}']")
+    views = page.locator(".jp-OutputArea-output:has(.jupyter-widgets)")
     assert views.count() >= 1, "05_interactive_quantization: no widget on the page"
     for n in range(views.count()):
         box = views.nth(n).bounding_box()
