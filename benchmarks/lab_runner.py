@@ -50,10 +50,14 @@ _DIRS = (
     "JUPYTERLAB_SETTINGS_DIR",
     "JUPYTERLAB_WORKSPACES_DIR",
 )
-#: Per code cell: still queued or running (JupyterLab's executionState), and its count.
+#: Per code cell: "running" while it is queued or running, and its execution count. A queued
+#: cell's state is idle until the kernel starts it; its prompt says ``[*]:`` at once.
 _STATES = """() => window.jupyterapp.shell.currentWidget.content.widgets
   .filter((c) => c.model.type === 'code')
-  .map((c) => [c.model.executionState, c.model.executionCount])"""
+  .map((c) => [(c.node.querySelector('.jp-InputArea-prompt') || {}).textContent || '', c])
+  .map(([prompt, c]) => [
+    c.model.executionState === 'running' || /\\*/.test(prompt) ? 'running' : 'idle',
+    c.model.executionCount])"""
 #: A round trip to the kernel: once it answers, a Run All request is not lost.
 _PING = """async () => {
   const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;

@@ -50,10 +50,14 @@ WIDTHS = (1280, 1920)
 SHOT_HEIGHT = 2000
 SMALL_TEXT_PX = 10
 
-#: Per code cell: its index, whether it is still queued or running, and its execution count.
+#: Per code cell: its index, "running" while it is queued or running, and its execution count.
+#: A queued cell's state is idle until the kernel starts it; its prompt says ``[*]:`` at once.
 _STATES = """() => window.jupyterapp.shell.currentWidget.content.widgets
-  .map((c, index) => [index, c.model.type, c.model.executionState, c.model.executionCount])
-  .filter((c) => c[1] === 'code').map(([index, , state, count]) => [index, state, count])"""
+  .map((c, index) => [index, c, (c.node.querySelector('.jp-InputArea-prompt') || {}).textContent])
+  .filter(([, c]) => c.model.type === 'code')
+  .map(([index, c, prompt]) => [index,
+    c.model.executionState === 'running' || /\\*/.test(prompt || '') ? 'running' : 'idle',
+    c.model.executionCount])"""
 
 #: "Run all cells", not waiting for the command's promise (it resolves when all cells ran).
 _RUN_ALL = "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
