@@ -11,7 +11,7 @@ and zero_point and marks integer weights.
 
 In a notebook (JupyterLab, Voila) a :class:`QGraph` shows as SVG inline in HTML, so hovering a
 box or an edge label shows its tooltip; the drawing shrinks to the output's width while its text
-stays legible (10 px), scrolling in its own box past that, and a graph taller than 1000 px is folded
+stays legible (10 px), scrolling in its own box past that, and a graph taller than 2200 px is folded
 under a one-line summary, a click away (``graph(..., fold=False)`` never folds; the rules:
 :mod:`qviz.viz.inline_svg`). Other front-ends get the plain ``image/svg+xml``.
 
@@ -392,7 +392,7 @@ def graph(
         lowered: ``qviz.lower(model, ...)``: each op's border says whether the lowered program
             runs it on an integer kernel (blue) or a float one (orange, dashed; hover: why).
         metric_bands: fixed colour bands, the same in every drawing (``qviz.viz.bands.SQNR``).
-        fold: in a notebook, fold it (True), never (False), or past 1000 px tall (None, default).
+        fold: in a notebook, fold it (True), never (False), or past 2200 px tall (None, default).
 
     Returns:
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.

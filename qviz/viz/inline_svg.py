@@ -17,7 +17,8 @@ SVG inline in HTML (:func:`inline_html`). What the HTML does to the SVG:
   past that it keeps the legible size and scrolls in its own box; a graph too wide to fit
   legibly on a ``page_width`` output gets a box at most 90 % of the window high, so that its
   horizontal scrollbar is on screen rather than under a long output;
-* **folded when tall**: a graph taller than ``max_height`` (1000 px) at its fitted width on a
+* **folded when tall**: a graph taller than ``max_height`` (2200 px, about
+  three screens) at its fitted width on a
   ``page_width`` (1000 px) output is folded in a ``<details>`` whose summary says the stage,
   node count and full size, and names ``qviz.widgets.GraphWidget`` (pan, zoom, search) to
   explore it; a click on the summary unfolds it.
@@ -78,7 +79,7 @@ class InlineLayout:
     """
 
     fold: bool | None = None
-    max_height: float = 1000
+    max_height: float = 2200
     page_width: float = 1000
     min_text_px: float = 10.0
 

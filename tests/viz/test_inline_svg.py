@@ -64,16 +64,16 @@ def test_two_drawings_on_one_page_do_not_share_ids():
 
 @needs_dot
 def test_tall_graph_folds_under_a_summary_and_fold_chooses():
-    g = graph(_chain(12))
+    g = graph(_chain(30))
     html = g.html()
     assert html.startswith('<details class="qviz-graph-fold">')
     summary = re.search(r"<summary[^>]*>(.*?)</summary>", html).group(1)
     assert f"float graph, {len(g)} nodes" in summary
     width, height = svg_size(g.svg()[g.svg().find("<svg") :])
-    assert f"{width:.0f} × {height:.0f} px" in summary and height > 1000
+    assert f"{width:.0f} × {height:.0f} px" in summary and height > 2200
     assert "qviz.widgets.GraphWidget.from_model(model)" in summary
     assert html.count("<svg") == 1 and html.endswith("</details>")
-    assert "<details" not in graph(_chain(12), fold=False).html()
+    assert "<details" not in graph(_chain(30), fold=False).html()
     assert "<details" in graph(_chain(1), fold=True).html()
     assert "<details" not in g.with_layout(max_height=height + 1).html()
 
@@ -128,7 +128,7 @@ def test_with_layout_and_graph_fold_validate():
         g.with_layout(height=3)
     with pytest.raises(ConfigError, match="fold=1"):
         graph(_chain(1), fold=1)
-    assert g.with_layout(max_height=50).layout.max_height == 50 and g.layout.max_height == 1000
+    assert g.with_layout(max_height=50).layout.max_height == 50 and g.layout.max_height == 2200
     assert g.with_layout(fold=True).dot == g.dot  # the drawing itself is the same
 
 

@@ -14,9 +14,12 @@ CELLS = [
     "from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config\n"
     "gm = qviz.export(digits_model(), (torch.randn(2, 1, 8, 8),))\n"
     "quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())\n"
-    "annotated = qviz.annotate_pt2e(gm, quantizer)",
+    "annotated = qviz.annotate_pt2e(gm, quantizer)\n"
+    "prepared = qviz.prepare_pt2e(gm, quantizer)\n"
+    "qviz.calibrate(prepared, [torch.randn(2, 1, 8, 8)], progress=False)\n"
+    "converted = qviz.convert_pt2e(prepared)",
     "qviz.viz.graph(gm, collapse=1)",  # 383 x 869 px: shown as is
-    "qviz.viz.graph(gm)",  # 351 x 1909 px: folded
+    "qviz.viz.graph(converted)",  # 589 x 4053 px, taller than 2200 px: folded
     "qviz.viz.graph(annotated, fold=False)",  # 1201 x 2521 px: wider than the output, unfolded
 ]
 
@@ -71,7 +74,7 @@ def test_graph_output_is_inline_fitted_and_tall_one_folds(lab, screenshots):
     # 2: folded: the summary names the stage, node count, size and the widget to explore it
     fold = page.locator(_OUTPUT.format(2)).locator("details.qviz-graph-fold")
     summary = fold.locator("summary")
-    assert "float graph" in summary.inner_text() and "GraphWidget" in summary.inner_text()
+    assert "converted graph" in summary.inner_text() and "GraphWidget" in summary.inner_text()
     assert fold.get_attribute("open") is None
     assert not fold.locator("svg").is_visible()
     summary.scroll_into_view_if_needed()
