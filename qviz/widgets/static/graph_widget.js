@@ -103,7 +103,7 @@ function placeSvg(view, text) {
   const [x0, y0, w, h] = viewBoxOf(svg);
   view.box = { x0, y0, w, h };
   view.fonts = fontSizes(svg);
-  view.top = undefined; // topNode() measures the new drawing once it is laid out
+  view.top = undefined; // spineX() measures the new drawing once it is laid out
   for (const attr of ["width", "height", "viewBox"]) svg.removeAttribute(attr);
   svg.setAttribute("width", "100%");
   svg.setAttribute("height", "100%");
@@ -154,24 +154,29 @@ function resetScale(view, cw, ch) {
   return Math.max(legibleScale(view), Math.min(cw / view.box.w, ch / view.box.h, MAX_OPEN_SCALE));
 }
 
-// The box of the drawing's topmost node (where the data comes in; the legend does not count),
-// in drawing coordinates: found once per drawing, since every resize re-opens the view.
-function topNode(view) {
+// The x (drawing coordinates) of the drawing's spine: the median of its nodes' centres (the
+// legend does not count), where a model's main chain runs; the topmost node may sit off to one
+// side (an input drawn above a branch). Found once per drawing, since every resize re-opens it.
+function spineX(view) {
   if (view.top === undefined) {
-    const nodes = groups(view, "node").filter((g) => titleOf(g) !== "legend").map((g) => boxOf(view, g));
-    view.top = nodes.length ? nodes.reduce((a, b) => (b.y < a.y ? b : a)) : null;
+    const xs = groups(view, "node").filter((g) => titleOf(g) !== "legend").map((g) => {
+      const b = boxOf(view, g);
+      return b.x + b.width / 2;
+    });
+    xs.sort((a, b) => a - b);
+    view.top = xs.length ? xs[Math.floor(xs.length / 2)] : null;
   }
   return view.top;
 }
 
-// A graph wider than the pane opens with its topmost node in the middle of the pane, without
-// empty space beside the drawing.
+// A graph wider than the pane opens with its spine in the middle of the pane, without empty
+// space beside the drawing.
 function openLeft(view, cw) {
   const { x0, w } = view.box;
   const k = view.k;
-  const top = topNode(view);
-  if (!top) return 8 - k * x0;
-  const want = cw / 2 - k * (top.x + top.width / 2);
+  const spine = spineX(view);
+  if (spine === null) return 8 - k * x0;
+  const want = cw / 2 - k * spine;
   return Math.min(8 - k * x0, Math.max(cw - 8 - k * (x0 + w), want));
 }
 

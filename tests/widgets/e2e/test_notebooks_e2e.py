@@ -284,15 +284,64 @@ def _cell_of(page: Any, selector: str) -> Any:
     return cell
 
 
+def _in_graph(cell: Any, kind: str, title: str) -> Any:
+    """The ``<g class=kind>`` of the graph in ``cell`` whose title is exactly ``title``."""
+    exact = re.compile(f"^{re.escape(title)}$")
+    title = cell.page.locator("title", has_text=exact)  # has= takes a locator of the page
+    return cell.locator(f".qviz-graph g.{kind}").filter(has=title)
+
+
+def _labelled(cell: Any, kind: str, description: str) -> Any:
+    """The control of the ipywidget ``kind`` (``dropdown``...) labelled ``description``."""
+    exact = re.compile(f"^{re.escape(description)}$")
+    label = cell.page.locator("label.widget-label", has_text=exact)
+    return cell.locator(f".widget-{kind}").filter(has=label).locator("select")
+
+
+def _until(page: Any, expression: str, expected: Any, timeout_s: float = 30) -> None:
+    """Poll the kernel until ``expression`` equals ``expected`` (widget updates are batched)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := Lab.kernel_json(page, expression)) != expected:
+        assert time.monotonic() < deadline, f"{expression} = {value!r}, expected {expected!r}"
+        page.wait_for_timeout(200)
+
+
+def _accuracy(scores: str) -> float:
+    """The accuracy in percent from notebook 05's ``scores(...)`` line."""
+    return float(re.search(r"accuracy ([\d.]+)%", scores).group(1))
+
+
 def _exercise_05(page: Any) -> None:
-    """Notebook 05: its exercises click the AnnotationEditor, the CalibrationExplorer and the
-    NumericDashboard. Their clicks and the visible results belong here; until then, each
-    widget the notebook shows has a rendered view."""
-    views = page.locator(".jp-OutputArea-output:has(.jupyter-widgets)")
-    assert views.count() >= 1, "05_interactive_quantization: no widget on the page"
-    for n in range(views.count()):
-        box = views.nth(n).bounding_box()
-        assert box and box["width"] > 0, f"05_interactive_quantization: widget {n} is empty"
+    """Notebook 05, its three exercises clicked as a learner does, each checked by the number
+    the notebook's check cell prints: the dashboard's red layer fallen back (accuracy back to
+    the float model's), the editor's per-channel weight for it (the same, every layer int8),
+    the explorer's entropy ranges for every observer (the glitched calibration survived)."""
+    name, run = "05_interactive_quantization", Lab.kernel_json
+    dash = _cell_of(page, "table.qviz-dash-history")
+    red = _in_graph(dash, "node", "conv2d_4")
+    assert red.count(), f"{name}: the dashboard's graph has no conv2d_4 box"
+    red.first.locator("text").first.click()
+    _until(page, "dash.state.selected", "conv2d_4")
+    history = _press(page, dash, "fallback this layer", len(_history(dash)))
+    assert run(page, "dash.history[-1]['metric']") > 0.99, f"{name}: fallback history {history}"
+
+    editor = _cell_of(page, "label.widget-label:text-is('qscheme')")
+    editor.locator("input.qviz-graph-search").fill("conv2d_4")  # centres the box in the pane
+    _in_graph(editor, "node", "conv2d_4").first.locator("text").first.click()
+    _labelled(editor, "dropdown", "edit").select_option(label="conv2_0_weight -> conv2d_4")
+    _labelled(editor, "dropdown", "qscheme").select_option("per_channel_symmetric")
+    editor.get_by_role("button", name="Apply").click()
+    edit = {"conv2_0_weight -> conv2d_4": {"qscheme": "per_channel_symmetric"}}
+    _until(page, "editor.overrides", edit)
+    assert _accuracy(run(page, "scores(quantize(editor.quantizer))")) > 99, f"{name}: editor"
+
+    explorer = _cell_of(page, "button:text-is('Apply to all')")
+    toggles = explorer.locator(".widget-toggle-buttons button")
+    toggles.filter(has_text=re.compile("^entropy$")).click()
+    explorer.get_by_role("button", name="Apply to all").click()
+    _until(page, "sorted(set(explorer.choices.values()))", ["entropy"])
+    measured = run(page, "scores(qviz.convert_pt2e(prepared))")
+    assert _accuracy(measured) > 99, f"{name}: the explorer's entropy ranges give {measured}"
 
 
 #: The fill colours of the graph's nodes in a cell, joined.
