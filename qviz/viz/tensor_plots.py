@@ -13,7 +13,8 @@ PNG in a notebook, never through pyplot):
 
 All three use the symmetric, narrow-range grid of
 :func:`~qviz.engine.tensor_quant.fake_tensor_quant` (``amax`` maps to ``2**(bits-1) - 1``). Text is
-set at 10 pt or more.
+set at 11 pt or more,
+so a figure shrunk to fit a narrow notebook output still reads at 10 px or more.
 
 Example:
     >>> import torch
@@ -42,7 +43,8 @@ METHOD_STYLE = {
     "entropy": ("tab:green", "-."),
     "mse": ("tab:blue", ":"),
 }
-_FONT = 10
+#: Points: a figure about 1100 px wide shown in an 850 px output still draws them at 12 px or more.
+_FONT = 12
 
 
 def _checked_tensor(x: Any, what: str, min_dim: int = 1) -> torch.Tensor:
@@ -92,7 +94,8 @@ def ste_plot(amax: float = 1.0, num_bits: int = 3, span: float = 2.0) -> Any:
     ax_bwd.set_title("backward: straight-through estimator", fontsize=_FONT + 1)
     ax_bwd.set_ylabel("gradient", fontsize=_FONT)
     for ax in (ax_fwd, ax_bwd):
-        ax.legend(loc="upper left", fontsize=_FONT)
+        ax.legend(loc="upper left", fontsize=_FONT - 1)
+        ax.tick_params(labelsize=_FONT - 1)
     return fig
 
 
@@ -125,7 +128,7 @@ def per_channel_gain_plot(weight: torch.Tensor, num_bits: int = 8, name: str = "
     )
     ratio = tensor_amax / channel_amax
     order = torch.argsort(channel_amax, descending=True)
-    fig = new_figure(figsize=(11, 3.8), layout="constrained")
+    fig = new_figure(figsize=(10.5, 3.8), layout="constrained")
     ax_amax, ax_gain = fig.subplots(1, 2)
     ax_amax.bar(
         range(len(order)), channel_amax[order].tolist(), color="tab:blue", label="per-channel amax"
@@ -135,7 +138,7 @@ def per_channel_gain_plot(weight: torch.Tensor, num_bits: int = 8, name: str = "
     ax_amax.set_title(f"amax of each output channel of {name}", fontsize=_FONT + 1)
     ax_amax.set_xlabel("output channel (sorted by amax)", fontsize=_FONT)
     ax_amax.set_ylabel("amax", fontsize=_FONT)
-    ax_amax.legend(loc="upper right", fontsize=_FONT, ncol=2)
+    ax_amax.legend(loc="upper right", fontsize=_FONT - 1, ncol=2)
     r = torch.linspace(1, float(ratio.max()) * 1.02, 50)
     ax_gain.plot(
         r.numpy(),
@@ -152,7 +155,9 @@ def per_channel_gain_plot(weight: torch.Tensor, num_bits: int = 8, name: str = "
     )
     ax_gain.set_xlabel("r = per-tensor amax / channel amax", fontsize=_FONT)
     ax_gain.set_ylabel("gain (dB)", fontsize=_FONT)
-    ax_gain.legend(loc="upper left", fontsize=_FONT)
+    ax_gain.legend(loc="upper left", fontsize=_FONT - 1)
+    for ax in (ax_amax, ax_gain):
+        ax.tick_params(labelsize=_FONT - 1)
     fig.qviz_gain = gain
     return fig
 
@@ -198,7 +203,7 @@ def clipping_tradeoff_plot(
         )
     top = float(values.abs().max())
     candidates = torch.linspace(0.25 * top, top, steps)
-    fig = new_figure(figsize=(6 * len(num_bits), 4), layout="constrained")
+    fig = new_figure(figsize=(4.8 * len(num_bits) + 1.8, 4), layout="constrained")
     axes = fig.subplots(1, len(num_bits), squeeze=False)[0]
     for ax, bits in zip(axes, num_bits, strict=True):
         calib = HistogramCalibrator(num_bits=bits)
@@ -219,5 +224,6 @@ def clipping_tradeoff_plot(
         ax.set_title(f"{bits} bits: squared error against amax", fontsize=_FONT + 1)
         ax.set_xlabel("amax", fontsize=_FONT)
         ax.set_ylabel("sum of squared errors (log scale)", fontsize=_FONT)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=_FONT)
+        ax.tick_params(labelsize=_FONT - 1)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=_FONT - 1)
     return fig

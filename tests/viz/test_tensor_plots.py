@@ -58,10 +58,10 @@ def test_clipping_tradeoff_marks_each_methods_amax_and_splits_the_error() -> Non
     assert float(total[k]) == pytest.approx(float(error.square().sum()), rel=1e-3)
 
 
-def test_every_text_is_at_least_10_points() -> None:
+def test_every_text_is_at_least_11_points() -> None:
     w = torch.randn(4, 2)
     for fig in (ste_plot(), per_channel_gain_plot(w), clipping_tradeoff_plot(w)):
-        assert min(t.get_fontsize() for t in _texts(fig)) >= 10
+        assert min(t.get_fontsize() for t in _texts(fig)) >= 11
 
 
 @pytest.mark.parametrize(
