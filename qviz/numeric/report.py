@@ -50,7 +50,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 import math
 import os
 from collections.abc import Sequence
@@ -251,7 +250,9 @@ class NumericReport:
         return f"NumericReport({self.summary()})"
 
     def _repr_html_(self) -> str:
-        table = self.df.to_html(
-            index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0, max_rows=400
-        )
-        return f"<p><b>NumericReport</b>: {html.escape(self.summary())}</p>{table}"
+        """The notebook view (:mod:`qviz.numeric.report_view`): the summary, the columns a
+        reader needs first (SQNR and clipped cells in the fixed colour bands, long names
+        wrapped) and a note naming the other columns of :attr:`df`."""
+        from qviz.numeric.report_view import report_html
+
+        return report_html(self)
