@@ -208,17 +208,28 @@ class Diagnosis:
         return f"Diagnosis({self.summary()})"
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{c}</th>" for c in ("node", "cause", "severity", "prescription",
-                                                  "function", "evidence"))  # fmt: skip
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-                f.node, f.cause.value, f"{f.severity:.1f} dB", f.prescription.action,
-                f.prescription.function, ", ".join(f"{k}={_fmt(v)}" for k, v in f.evidence)))
-            + "</tr>"
+        """The notebook view: the summary, then per finding its node, cause, severity, the
+        prescription (with the function that applies it) and the evidence, long text wrapped in
+        its column and numbers with three significant digits (about 750 px wide)."""
+        from qviz.numeric.html_table import Cell, Column, sig3, table
+
+        summary = f"<p><b>Diagnosis</b>: {html.escape(self.summary())}</p>"
+        if not self.findings:
+            return summary
+        columns = (
+            Column("node", wrap="8em"),
+            Column("cause", wrap="7em"),
+            Column("severity", numeric=True, title="dB below the threshold"),
+            Column("prescription", wrap="22em", title="what to do; below: the qviz function"),
+            Column("evidence", wrap="15em"),
+        )
+        rows = [
+            [Cell(f.node), Cell(f.cause.value), Cell(sig3(f.severity, " dB")),
+             Cell(f"{f.prescription.action}\n→ {f.prescription.function}"),
+             Cell(", ".join(f"{k}={sig3(v)}" for k, v in f.evidence))]
             for f in self.findings
-        )  # fmt: skip
-        table = f"<table><tr>{head}</tr>{body}</table>" if self.findings else ""
-        return f"<p><b>Diagnosis</b>: {html.escape(self.summary())}</p>{table}"
+        ]  # fmt: skip
+        return summary + table(columns, rows)
 
 
 class _ChannelRanges(Interpreter):

@@ -58,7 +58,8 @@ class Column:
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell: its text (escaped when drawn) and an optional background colour."""
+    """One cell: its text (escaped when drawn; a newline starts a new line) and an optional
+    background colour."""
 
     text: str
     colour: str | None = None
@@ -101,6 +102,7 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[Cell]]) -> str:
         cells = []
         for column, cell in zip(columns, row, strict=True):
             fill = f";background:{cell.colour};color:#000" if cell.colour else ""
-            cells.append(f'<td style="{column.style()}{fill}">{html.escape(cell.text)}</td>')
+            text = html.escape(cell.text).replace("\n", "<br>")
+            cells.append(f'<td style="{column.style()}{fill}">{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table style="{_TABLE}"><tr>{head}</tr>{"".join(body)}</table>'

@@ -35,7 +35,7 @@ Example:
 from __future__ import annotations
 
 import copy
-import html
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -107,11 +107,56 @@ class RepairStep:
         df["cumulative_delta"] = df["cumulative_sqnr_after"] - df["cumulative_sqnr_before"]
         return df
 
+    def changes(self, nodes: str | None = None, *, by: str | None = None) -> RepairStep:
+        """The same step with its per-layer table narrowed and sorted, for a notebook to show.
+
+        Args:
+            nodes: a regular expression; only the layers whose node name starts with a match
+                stay (``r"conv|linear"``). None: every layer.
+            by: a numeric column of :attr:`df` (``"local_delta"``, ``"cumulative_delta"``,
+                ``"local_sqnr_after"``, ...): the layers largest first, NaN last. None: graph
+                order.
+
+        Raises:
+            ConfigError: ``by`` is not a numeric column of :attr:`df`, or ``nodes`` is not a
+                regular expression.
+
+        Example:
+            >>> step = RepairStep("fallback", (), (), (), (("conv2d", 10.0, 30.0, 9.0, 29.0),
+            ...     ("relu", 20.0, 21.0, 9.5, 28.0), ("linear", 5.0, 5.0, 8.0, 27.0)),
+            ...     8.0, 27.0, None, None, 0.1)
+            >>> [row[0] for row in step.changes(r"conv|linear", by="local_delta").layers]
+            ['conv2d', 'linear']
+        """
+        import re
+
+        columns = [c for c in self.df.columns if c != "node"]
+        if by is not None and by not in columns:
+            raise ConfigError(f"RepairStep.changes(by={by!r}): give one of {columns}")
+        try:
+            pattern = re.compile(nodes) if nodes is not None else None
+        except (re.error, TypeError) as e:
+            raise ConfigError(f"RepairStep.changes(nodes={nodes!r}): not a pattern: {e}") from e
+        df = self.df
+        keep = [pattern is None or bool(pattern.match(str(n))) for n in df["node"]]
+        rows = df[keep]
+        if by is not None:
+            rows = rows.sort_values(by, ascending=False, kind="stable", na_position="last")
+        layers = tuple(self.layers[i] for i in rows.index)
+        return dataclasses.replace(self, layers=layers)
+
     def __repr__(self) -> str:
         return (
             f"RepairStep({self.remedy}: output SQNR {self.output_sqnr_before:.2f} -> "
             f"{self.output_sqnr_after:.2f} dB)"
         )
+
+    def _repr_html_(self) -> str:
+        """The notebook view (:mod:`qviz.numeric.repair_view`): the summary line, then per
+        layer its local and cumulative SQNR before, after and the change."""
+        from qviz.numeric.repair_view import step_html
+
+        return step_html(self)
 
 
 @dataclass(frozen=True)
@@ -378,16 +423,6 @@ class RepairSession:
         return f"RepairSession({steps})"
 
     def _repr_html_(self) -> str:
-        def cell(v: Any, unit: str = "") -> str:
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                return "<td></td>"
-            text = f"{v:+.2f}{unit}" if unit == " dB Δ" else (
-                f"{v:.4g}{unit}" if isinstance(v, float) else str(v))  # fmt: skip
-            return f"<td>{html.escape(text.replace(' Δ', ''))}</td>"
+        from qviz.numeric.repair_view import session_html
 
-        head = "".join(f"<th>{c}</th>" for c in ("remedy", "output SQNR", "metric", "Δ"))
-        body = "".join(
-            f"<tr>{cell(r)}{cell(s, ' dB')}{cell(m)}{cell(d, ' dB Δ')}</tr>"
-            for r, s, m, d in self._rows()
-        )
-        return f"<p><b>RepairSession</b></p><table><tr>{head}</tr>{body}</table>"
+        return session_html(self._rows())

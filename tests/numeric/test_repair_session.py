@@ -186,7 +186,8 @@ def test_views(session):
     step = session.apply("cross_layer_equalization")
     html = session._repr_html_()
     assert "baseline" in html and "cross_layer_equalization" in html
-    assert f"{step.output_sqnr_after:.4g}" in html and f"{step.delta:+.2f}" in html
+    assert f"{step.output_sqnr_after:.3g} dB" in html and f"{step.delta:+.3g} dB" in html
+    assert step.remedy in step._repr_html_() and "cumulative Δ" in step._repr_html_()
     assert "cross_layer_equalization" in repr(session) and "RepairStep(" in repr(step)
     assert set(step.df.columns) >= {"local_delta", "cumulative_delta"}
 

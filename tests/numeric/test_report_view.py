@@ -1,12 +1,19 @@
 """The notebook views of the numeric suite's records fit a notebook's output area: few
-columns, long text wrapped in its column, numbers with three significant digits, no torch run."""
+columns, long text wrapped in its column, numbers with three significant digits; no model runs."""
 
 from __future__ import annotations
 
 import math
 import re
 
+import pytest
+
+from qviz.errors import ConfigError
 from qviz.numeric.bands import CLIPPED, SQNR
+from qviz.numeric.diagnose import Diagnosis, Finding
+from qviz.numeric.diagnose_rules import Cause, Prescription
+from qviz.numeric.repair_session import RepairStep
+from qviz.numeric.repair_view import session_html
 from qviz.numeric.report import COLUMNS, NumericReport
 from qviz.numeric.report_view import VIEW_COLUMNS
 
@@ -45,3 +52,48 @@ def test_the_report_view_colours_formats_and_wraps():
     module_cell = re.search(r'<td style="([^"]*)">a\.b\.', page).group(1)
     assert "overflow-wrap:anywhere" in module_cell and "max-width" in module_cell
     assert "overflow-x" not in page and "overflow:auto" not in page  # no inner scroll box
+
+
+def _finding(node: str, action: str) -> Finding:
+    evidence = (("range_ratio", 123.456789), ("members", "conv2d_1, conv2d_2"))
+    prescription = Prescription(action, "qviz.engine.repair.cross_layer_equalization")
+    return Finding(node, "conv2d", Cause.OUTLIER_CHANNELS, evidence, prescription, 3.14159,
+                   "local_sqnr", 21.8586)  # fmt: skip
+
+
+def test_the_diagnosis_view_wraps_its_text_columns():
+    long = "equalize the channel ranges of conv1.0 and conv2.0 through the relu " * 3
+    page = Diagnosis((_finding("conv2d_" + "y" * 50, long),), 25.0)._repr_html_()
+    assert _headers(page) == ["node", "cause", "severity", "prescription", "evidence"]
+    assert "21.9 dB" in page and "range_ratio=123," in page and "123.456" not in page
+    for text in ("equalize the channel", "range_ratio", "conv2d_yyy"):
+        style = re.search(rf'<td style="([^"]*)">{text}', page).group(1)
+        assert "white-space:normal" in style and "overflow-wrap:anywhere" in style
+        assert "max-width" in style
+    assert "qviz.engine.repair.cross_layer_equalization" in page
+    assert "<table" not in Diagnosis((), 25.0)._repr_html_()
+
+
+def test_the_repair_step_view_and_its_narrowed_table():
+    layers = (("conv2d", 10.0, 30.0, 9.0, 29.0), ("relu", 20.0, 21.0, 9.5, 28.0),
+              ("linear", 5.0, 5.0, 8.0, 27.12345))  # fmt: skip
+    step = RepairStep("per_channel", (), (), (), layers, 8.0, 27.0, 0.1, 0.95, 1.25)
+    page = step._repr_html_()
+    assert len(_headers(page)) == 7 and "step.df" in page
+    assert "+19 dB" in page and "metric 0.1 → 0.95" in page and ">27.1<" in page
+    assert f"background:{SQNR.colour(5.0)}" in page
+    narrowed = step.changes(r"conv|linear", by="cumulative_delta")
+    assert [row[0] for row in narrowed.layers] == ["conv2d", "linear"]
+    assert narrowed.df["cumulative_delta"].tolist() == sorted(
+        narrowed.df["cumulative_delta"], reverse=True
+    )
+    assert "relu" not in narrowed._repr_html_() and step.changes().layers == layers
+    with pytest.raises(ConfigError, match="local_delta"):
+        step.changes(by="delta")
+    with pytest.raises(ConfigError, match="pattern"):
+        step.changes("conv(")
+
+
+def test_the_session_view_formats_three_digits():
+    page = session_html([("baseline", 7.98765, 0.1, math.nan), ("per_channel", 27.0, 0.95, 19.0)])
+    assert "7.99 dB" in page and "+19 dB" in page and len(_headers(page)) == 4
