@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from qviz.numeric.bands import (
+from qviz.numeric.bands import (  # noqa: F401 (re-exported for the views)
     CLIPPED,
     GREEN,
     LIGHT_GREEN,
@@ -22,15 +22,3 @@ from qviz.numeric.bands import (
     Bands,
     bands_for,
 )
-
-__all__ = [
-    "CLIPPED",
-    "GREEN",
-    "LIGHT_GREEN",
-    "ORANGE",
-    "RED",
-    "SQNR",
-    "YELLOW",
-    "Bands",
-    "bands_for",
-]
