@@ -110,6 +110,14 @@ class _Target:
         return math.inf if penalty <= 0 else -10 * math.log10(penalty)
 
 
+def _confirmed(evaluations: int, passed: dict[int, float]) -> str:
+    """Why the confirming stopped before its budget, beside its progress bar."""
+    runs = f"{evaluations} evaluation{'' if evaluations == 1 else 's'}"
+    if not passed:
+        return f"the best front point misses the target, after {runs}"
+    return f"confirmed point {min(passed)} after {runs}"
+
+
 def _noise(sqnr: float) -> float:
     """Output noise power over signal power, from the SQNR in dB."""
     return 0.0 if sqnr == math.inf else 10 ** (-sqnr / 10)
@@ -351,9 +359,11 @@ class _Search:
         if guess is not None:  # the first guess is a front point: it failed there
             failed[guess] = self._penalty(s.full, self.guess_score)
             self.guess = replace(self.guess, point=guess)
-        for _ in progress_bar(range(budget), self.show, "confirming the front"):
+        bar = progress_bar(range(budget), self.show, "confirming the front")
+        for _ in bar:
             i = next_probe(estimates, self.target.allowed, passed, failed)
-            if i is None:
+            if i is None:  # the answer is known: the budget need not be spent
+                bar.stop(_confirmed(len(self.evaluations), passed))
                 break
             model = self._build(points[i][2])
             score = s.full.score(model)
