@@ -79,28 +79,13 @@ def histogram_svg(
     """
     _check_size(width, height, min_text_px)
     counts, edges = _display_bins(data.counts, data.edges)
-    nonzero = [i for i, c in enumerate(counts) if c > 0]
-    first, last = (nonzero[0], nonzero[-1] + 1) if nonzero else (0, len(counts))
-    xs = [float(edges[first]), float(edges[last]), *(x for _, x, _ in data.lines)]
-    x_lo, x_hi = min(xs), max(xs)
-    pad = 0.02 * ((x_hi - x_lo) or 1.0)
-    x_lo, x_hi = x_lo - pad, x_hi + pad
+    x_lo, x_hi = _x_range(counts, edges, data)
     plot_w, plot_h = width - _PAD_L - _PAD_R, height - _PAD_T - _PAD_B
 
     def sx(x: float) -> float:
         return _PAD_L + (x - x_lo) / (x_hi - x_lo) * plot_w
 
-    top = max((float(c) for c in counts), default=1.0) or 1.0
-    floor = min((float(c) for c in counts if c > 0), default=1.0) * 0.5
-
-    def sy(c: float) -> float:
-        if log:
-            c = max(c, floor)
-            t = (math.log10(c) - math.log10(floor)) / ((math.log10(top) - math.log10(floor)) or 1)
-        else:
-            t = c / top
-        return _PAD_T + (1 - t) * plot_h
-
+    sy = _y_scale(counts, log, plot_h)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" '
@@ -113,6 +98,32 @@ def histogram_svg(
     parts += _lines(data, sx, plot_h, highlight)
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _x_range(counts: Any, edges: Any, data: HistogramData) -> tuple[float, float]:
+    """The x range drawn: the bins that hold values and every method's line, padded by 2 %."""
+    nonzero = [i for i, c in enumerate(counts) if c > 0]
+    first, last = (nonzero[0], nonzero[-1] + 1) if nonzero else (0, len(counts))
+    xs = [float(edges[first]), float(edges[last]), *(x for _, x, _ in data.lines)]
+    x_lo, x_hi = min(xs), max(xs)
+    pad = 0.02 * ((x_hi - x_lo) or 1.0)
+    return x_lo - pad, x_hi + pad
+
+
+def _y_scale(counts: Any, log: bool, plot_h: float) -> Any:
+    """``count -> y`` in the plot: linear from 0, or logarithmic from half the smallest count."""
+    top = max((float(c) for c in counts), default=1.0) or 1.0
+    floor = min((float(c) for c in counts if c > 0), default=1.0) * 0.5
+
+    def sy(c: float) -> float:
+        if log:
+            c = max(c, floor)
+            t = (math.log10(c) - math.log10(floor)) / ((math.log10(top) - math.log10(floor)) or 1)
+        else:
+            t = c / top
+        return _PAD_T + (1 - t) * plot_h
+
+    return sy
 
 
 def _check_size(width: int, height: int, min_text_px: float | None) -> None:

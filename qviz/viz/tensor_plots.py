@@ -140,13 +140,8 @@ def per_channel_gain_plot(weight: torch.Tensor, num_bits: int = 8, name: str = "
     ax_amax.set_ylabel("amax", fontsize=_FONT)
     ax_amax.legend(loc="upper right", fontsize=_FONT - 1, ncol=2)
     r = torch.linspace(1, float(ratio.max()) * 1.02, 50)
-    ax_gain.plot(
-        r.numpy(),
-        (20 * torch.log10(r)).numpy(),
-        "--",
-        color="0.3",
-        label="20·log10(r): finer step only",
-    )
+    rule = (20 * torch.log10(r)).numpy()
+    ax_gain.plot(r.numpy(), rule, "--", color="0.3", label="20·log10(r): finer step only")
     ax_gain.plot(
         ratio.numpy(), gain.numpy(), "o", color="tab:blue", label="measured, one dot per channel"
     )

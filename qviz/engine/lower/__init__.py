@@ -100,6 +100,7 @@ def lower(
     path: str | Path | None = None,
     artifact: str | Path | bytes | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
+    progress: bool = False,
 ) -> LoweredModel:
     """Lower ``converted`` onto ``backend``'s kernels; the lowered model and its records.
 
@@ -119,6 +120,8 @@ def lower(
             ``converted``.
         max_batch: ``"xnnpack"`` with a dynamic batch: the largest batch it takes (ExecuTorch
             plans its memory for that batch); a larger one is refused when called.
+        progress: show a one-step progress bar, "lowering to <backend>", while the backend
+            compiles (a few seconds for ExecuTorch and Inductor), with its time when done.
 
     Returns:
         A :class:`LoweredModel`: call it like ``converted``; ``.kernels``, ``.size_bytes``,
@@ -148,9 +151,13 @@ def lower(
     dynamic = first is not None and first[0] is None
     start = time.perf_counter()
     extra = (given,) if given is not None else ((max_batch,) if backend == "xnnpack" else ())
-    made = _backend(backend)(
-        converted, example_inputs, dynamic, Path(path) if path is not None else None, *extra
-    )
+    from tqdm.auto import tqdm
+
+    with tqdm(total=1, desc=f"lowering to {backend}", disable=not progress) as bar:
+        made = _backend(backend)(
+            converted, example_inputs, dynamic, Path(path) if path is not None else None, *extra
+        )
+        bar.update(1)
     return _lowered_model(made, backend, converted, example_inputs, dynamic, start)
 
 
