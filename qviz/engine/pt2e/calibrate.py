@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -154,10 +155,11 @@ def _calibrate_shard(model: nn.Module, data: Any, max_batches: int | None, progr
     total = batch_total(batches, max_batches)
     seen = 0
     with torch.no_grad():
-        bar = tqdm(batches, total=total, desc="calibrating", disable=not progress)
-        for index, batch in enumerate(bar):
-            if max_batches is not None and index >= max_batches:
-                break
+        # islice, not a break: a notebook bar left by a break is drawn red, as if it failed
+        wanted = itertools.islice(batches, max_batches)
+        for index, batch in enumerate(
+            tqdm(wanted, total=total, desc="calibrating", disable=not progress)
+        ):
             _run(model, batch, index)
             seen += 1
     return seen

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -95,11 +96,10 @@ def _collect(model: nn.Module, batches: Iterable, total: int | None, progress: b
 
     seen = 0
     with torch.no_grad():
+        wanted = itertools.islice(batches, total)  # not a break: that leaves a red notebook bar
         for index, batch in enumerate(
-            tqdm(batches, total=total, desc="calibrating", disable=not progress)
+            tqdm(wanted, total=total, desc="calibrating", disable=not progress)
         ):
-            if total is not None and index >= total:
-                break
             _run(model, batch, index)
             seen += 1
     return seen

@@ -33,3 +33,24 @@ def test_a_quantizer_that_annotated_nothing_is_named_not_a_model_never_prepared(
     assert "annotated nothing" in message and "no observer" in message
     assert "conv2d (conv2d.default): unannotated" in message
     assert "prepared.plan.float_nodes" in message
+
+
+def test_max_batches_takes_only_that_many_from_a_stream() -> None:
+    """A generator is not read past ``max_batches``: the loop used to take one batch more and
+    break, which also left a notebook's progress bar short of its total, drawn red."""
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    x = torch.randn(4, 3)
+    gm = qviz.export(nn.Linear(3, 2).eval(), (x,))
+    prepared = qviz.prepare_pt2e(
+        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    )
+    taken = []
+
+    def stream():
+        for i in range(5):
+            taken.append(i)
+            yield torch.randn(4, 3)
+
+    qviz.calibrate(prepared, stream(), max_batches=2, progress=False)
+    assert taken == [0, 1]
