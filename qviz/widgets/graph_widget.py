@@ -40,28 +40,21 @@ import traitlets
 
 from qviz.errors import ConfigError
 from qviz.viz.graphs import QGraph, graph
+from qviz.viz.inline_svg import strip_prolog
 from qviz.widgets.layout import PANE_HEIGHT
 
 _STATIC = Path(__file__).parent / "static"
 
 
-def strip_prolog(svg: str) -> str:
-    """``svg`` from its ``<svg`` tag on: no XML declaration, doctype or leading comments.
-
-    Raises:
-        ConfigError: ``svg`` has no ``<svg`` element.
-
-    Example:
-        >>> strip_prolog('<?xml version="1.0"?>\\n<!DOCTYPE svg>\\n<!-- dot -->\\n<svg/>')
-        '<svg/>'
-    """
-    start = svg.find("<svg")
-    if start < 0:
+def _drawing(svg: str) -> str:
+    """The ``<svg>`` element of what :meth:`GraphWidget.show` was given, or a ConfigError."""
+    try:
+        return strip_prolog(svg)
+    except ConfigError as err:
         raise ConfigError(
             f"GraphWidget.show: expected an SVG document or a QGraph, got text starting "
             f"{svg[:40]!r}; pass qviz.viz.graph(model) or its .svg()"
-        )
-    return svg[start:].strip()
+        ) from err
 
 
 def marker_refs(qgraph: QGraph) -> dict[str, list[str]]:
@@ -204,7 +197,7 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
         with self.hold_sync():
             self._marker_refs = refs
             self._edge_refs = edges
-            self.svg = strip_prolog(svg)
+            self.svg = _drawing(svg)
         return self
 
     @classmethod
