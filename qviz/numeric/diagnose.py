@@ -221,12 +221,13 @@ class Diagnosis:
             Column("cause", wrap="7em"),
             Column("severity", numeric=True, title="dB below the threshold"),
             Column("prescription", wrap="22em", title="what to do; below: the qviz function"),
-            Column("evidence", wrap="15em"),
+            Column("evidence", wrap="16em", title="unknown figures left out; .df has all"),
         )
         rows = [
             [Cell(f.node), Cell(f.cause.value), Cell(sig3(f.severity, " dB")),
-             Cell(f"{f.prescription.action}\n→ {f.prescription.function}"),
-             Cell(", ".join(f"{k}={sig3(v)}" for k, v in f.evidence))]
+             Cell(f"{f.prescription.action}\n→\u00a0"
+                  + f.prescription.function.replace(".", ".\u200b")),
+             Cell(", ".join(f"{k}=\u200b{sig3(v)}" for k, v in f.evidence if sig3(v)))]
             for f in self.findings
         ]  # fmt: skip
         return summary + table(columns, rows)

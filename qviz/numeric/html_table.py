@@ -58,8 +58,9 @@ class Column:
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell: its text (escaped when drawn; a newline starts a new line) and an optional
-    background colour."""
+    """One cell: its text and an optional background colour. The text is escaped when drawn; a
+    newline starts a new line and a zero-width space (``\u200b``) becomes ``<wbr>``, a place a
+    long name may break that copying the text leaves out."""
 
     text: str
     colour: str | None = None
@@ -102,7 +103,7 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[Cell]]) -> str:
         cells = []
         for column, cell in zip(columns, row, strict=True):
             fill = f";background:{cell.colour};color:#000" if cell.colour else ""
-            text = html.escape(cell.text).replace("\n", "<br>")
+            text = html.escape(cell.text).replace("\n", "<br>").replace("\u200b", "<wbr>")
             cells.append(f'<td style="{column.style()}{fill}">{text}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table style="{_TABLE}"><tr>{head}</tr>{"".join(body)}</table>'

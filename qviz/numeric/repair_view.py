@@ -39,10 +39,12 @@ def signed(value: float, unit: str = "") -> str:
     """A change with its sign and three significant digits; empty for NaN.
 
     Example:
-        >>> signed(3.456, " dB"), signed(-0.01234), signed(math.nan)
-        ('+3.46 dB', '-0.0123', '')
+        >>> signed(3.456, " dB"), signed(-0.01234), signed(0.0), signed(math.nan)
+        ('+3.46 dB', '-0.0123', '0', '')
     """
-    return "" if value is None or math.isnan(value) else f"{value:+.3g}{unit}"
+    if value is None or math.isnan(value):
+        return ""
+    return f"0{unit}" if value == 0 else f"{value:+.3g}{unit}"
 
 
 def _sqnr(value: float) -> Cell:
@@ -73,7 +75,10 @@ def step_html(step: Any) -> str:
          _sqnr(cb), _sqnr(ca), Cell(signed(ca - cb))]
         for node, lb, la, cb, ca in step.layers
     ]  # fmt: skip
-    note = '<p style="font-size:0.9em;color:#555">SQNR in dB; <code>step.df</code> has them too</p>'
+    note = (
+        '<p style="font-size:0.9em;color:#555">SQNR in dB; <code>step.df</code> holds the same '
+        "figures (local_sqnr_before, ..., cumulative_delta)</p>"
+    )
     return head + table(_STEP_COLUMNS, rows) + note
 
 

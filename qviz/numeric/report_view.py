@@ -42,7 +42,7 @@ _TITLES = {
     "weight_sqnr": "dB: the quantized weight against the float one",
     "clipped": "share of the float output beyond the grid's last level, in percent",
 }
-_WRAP = {"node": "11em", "op": "9em", "module": "13em"}
+_WRAP = {"node": "11em", "op": "12em", "module": "13em"}
 
 
 def _cell(column: str, value: Any) -> Cell:

@@ -55,7 +55,8 @@ def test_the_report_view_colours_formats_and_wraps():
 
 
 def _finding(node: str, action: str) -> Finding:
-    evidence = (("range_ratio", 123.456789), ("members", "conv2d_1, conv2d_2"))
+    evidence = (("range_ratio", 123.456789), ("members", "conv2d_1, conv2d_2"),
+                ("bits", None), ("clipped", math.nan))  # fmt: skip
     prescription = Prescription(action, "qviz.engine.repair.cross_layer_equalization")
     return Finding(node, "conv2d", Cause.OUTLIER_CHANNELS, evidence, prescription, 3.14159,
                    "local_sqnr", 21.8586)  # fmt: skip
@@ -65,12 +66,13 @@ def test_the_diagnosis_view_wraps_its_text_columns():
     long = "equalize the channel ranges of conv1.0 and conv2.0 through the relu " * 3
     page = Diagnosis((_finding("conv2d_" + "y" * 50, long),), 25.0)._repr_html_()
     assert _headers(page) == ["node", "cause", "severity", "prescription", "evidence"]
-    assert "21.9 dB" in page and "range_ratio=123," in page and "123.456" not in page
+    assert "21.9 dB" in page and "range_ratio=<wbr>123," in page and "123.456" not in page
+    assert "bits=" not in page and "clipped=" not in page  # unknown figures are left out
     for text in ("equalize the channel", "range_ratio", "conv2d_yyy"):
         style = re.search(rf'<td style="([^"]*)">{text}', page).group(1)
         assert "white-space:normal" in style and "overflow-wrap:anywhere" in style
         assert "max-width" in style
-    assert "qviz.engine.repair.cross_layer_equalization" in page
+    assert "qviz.engine.repair.cross_layer_equalization" in page.replace("<wbr>", "")
     assert "<table" not in Diagnosis((), 25.0)._repr_html_()
 
 
@@ -81,6 +83,7 @@ def test_the_repair_step_view_and_its_narrowed_table():
     page = step._repr_html_()
     assert len(_headers(page)) == 7 and "step.df" in page
     assert "+19 dB" in page and "metric 0.1 → 0.95" in page and ">27.1<" in page
+    assert ">+20<" in page and ">0<" in page  # the changes, with their sign; no change: 0
     assert f"background:{SQNR.colour(5.0)}" in page
     narrowed = step.changes(r"conv|linear", by="cumulative_delta")
     assert [row[0] for row in narrowed.layers] == ["conv2d", "linear"]
