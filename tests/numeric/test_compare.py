@@ -262,7 +262,8 @@ def test_html_report_shows_the_suite_and_colours_the_graph(digits, report, tmp_p
     _, _, _, quantized, _ = digits
     page = html_report(quantized, tmp_path / "r.html", ns=report).read_text()
     assert "local (own) and cumulative SQNR per operator" in page  # the bars, inline PNG
-    assert "local_sqnr: low (red) to high (green)" in page  # the graph's heatmap legend
+    assert "local_sqnr: fixed SQNR bands" in page  # the graph's legend: the same bands
+    assert "≤ 10 dB" in page and "&gt; 40 dB" in page  # in every report
     assert report.summary() in page
 
 
