@@ -120,8 +120,7 @@ def lower(
             ``converted``.
         max_batch: ``"xnnpack"`` with a dynamic batch: the largest batch it takes (ExecuTorch
             plans its memory for that batch); a larger one is refused when called.
-        progress: show a one-step progress bar, "lowering to <backend>", while the backend
-            compiles (a few seconds for ExecuTorch and Inductor), with its time when done.
+        progress: a one-step bar, "lowering to <backend>", while the backend compiles.
 
     Returns:
         A :class:`LoweredModel`: call it like ``converted``; ``.kernels``, ``.size_bytes``,
@@ -147,18 +146,23 @@ def lower(
     given = _given(artifact, backend)
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 2:
         raise ConfigError(f"lower(max_batch={max_batch!r}): give an int >= 2")
-    first = batch_and_dtype(converted)
-    dynamic = first is not None and first[0] is None
-    start = time.perf_counter()
+    dynamic = (first := batch_and_dtype(converted)) is not None and first[0] is None
     extra = (given,) if given is not None else ((max_batch,) if backend == "xnnpack" else ())
+    folder = Path(path) if path is not None else None
+    made, start = _compile(backend, progress, converted, example_inputs, dynamic, folder, *extra)
+    return _lowered_model(made, backend, converted, example_inputs, dynamic, start)
+
+
+def _compile(backend: str, progress: bool, *args: Any) -> tuple[tuple, float]:
+    """``backend``'s lowering function run on ``args`` (a one-step bar with ``progress``), and
+    the time it started."""
     from tqdm.auto import tqdm
 
+    start = time.perf_counter()
     with tqdm(total=1, desc=f"lowering to {backend}", disable=not progress) as bar:
-        made = _backend(backend)(
-            converted, example_inputs, dynamic, Path(path) if path is not None else None, *extra
-        )
+        made = _backend(backend)(*args)
         bar.update(1)
-    return _lowered_model(made, backend, converted, example_inputs, dynamic, start)
+    return made, start
 
 
 def _lowered_model(

@@ -16,6 +16,7 @@ from torch import nn
 
 import qviz
 from qviz.data import digits_loaders, digits_model
+from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.lower import LoweredModel
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError, MissingDependencyError
@@ -110,7 +111,7 @@ def test_the_converted_model_is_not_changed_and_the_artifact_is_written(backend,
     assert path.stat().st_size == lowered.size_bytes
     assert converted.code == code
     assert all(torch.equal(v, state[k]) for k, v in converted.state_dict().items())
-    assert lowered.fingerprint == qviz.engine.graph.fingerprint.fingerprint(converted)
+    assert lowered.fingerprint == fingerprint(converted)
 
 
 class _LinearSin(nn.Module):
