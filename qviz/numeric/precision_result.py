@@ -18,9 +18,9 @@ from qviz.numeric.precision_units import Precision, Unit, assignment_overrides
 
 #: Each precision's colour on the graph, by name; others take the last colour.
 PRECISION_COLOURS = {
-    "w2a8": "#d7191c",
-    "w3a8": "#f46d43",
-    "w4a8": "#fdae61",
+    "w2a8": "#f0625a",  # light enough for the black text of a graph box
+    "w3a8": "#f99a57",
+    "w4a8": "#fdc776",
     "w4a16": "#fee08b",
     "w8a8": "#a6d96a",
     "w8a16": "#66bd63",
