@@ -124,7 +124,7 @@ class EditorView:
             "share_with": w.Dropdown(options=[NONE], description="share with"),
             "fixed": w.Checkbox(value=False, description="fixed qparams"),
             "scale": w.FloatText(
-                value=1 / 256, description="scale", layout=w.Layout(width="170px")
+                value=1 / 256, description="scale", layout=w.Layout(width="240px")
             ),
             "zero_point": w.IntText(
                 value=0, description="zero_point", layout=w.Layout(width="170px")
