@@ -236,6 +236,15 @@ class Lab:
         assert not result["err"], f"the kernel raised on {expression!r}: {result['err']}"
         return json.loads(result["out"])
 
+    @staticmethod
+    def wait_kernel(page: Any, expression: str, expected: Any, timeout_s: float = 10) -> None:
+        """Poll the kernel until ``expression`` equals ``expected`` (widget updates are
+        batched, so a click's effect reaches the kernel a moment later)."""
+        deadline = time.monotonic() + timeout_s
+        while (value := Lab.kernel_json(page, expression)) != expected:
+            assert time.monotonic() < deadline, f"{expression} = {value!r}, expected {expected!r}"
+            page.wait_for_timeout(200)
+
     def open_notebook(self, cells: list[str], name: str = "e2e.ipynb") -> Any:
         """Write ``cells`` as a notebook, open it, run every cell; returns the page."""
         import nbformat

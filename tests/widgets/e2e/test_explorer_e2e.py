@@ -5,7 +5,6 @@ and the table and status follow."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,6 @@ SHOW = "ex"
 OBSERVER = (
     "activation_post_process_7"  # relu_2, the residual block's output (not the first observer)
 )
-
-
-def _wait_kernel(
-    lab: Any, page: Any, expression: str, expected: Any, timeout_s: float = 10
-) -> None:
-    """Poll the kernel until ``expression`` equals ``expected`` (widget updates are batched)."""
-    deadline = time.monotonic() + timeout_s
-    while (value := lab.kernel_json(page, expression)) != expected:
-        assert time.monotonic() < deadline, f"{expression} = {value!r}, expected {expected!r}"
-        page.wait_for_timeout(200)
 
 
 def _labelled(page: Any, widget_class: str, description: str) -> Any:
@@ -120,7 +109,7 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
         handle.press("ArrowLeft")
     assert readout.inner_text().strip() == "99.980"  # ten steps of 0.001
     # the last key's value reached the kernel
-    _wait_kernel(lab, page, "round(ex.state.percentile, 6)", 99.98)
+    lab.wait_kernel(page, "round(ex.state.percentile, 6)", 99.98)
     high = lab.kernel_json(page, "next(r['high'] for r in ex.rows if r['method'] == 'percentile')")
     expected = f"{high:.4g}]"
     _row(page, "percentile").filter(has_text=expected).wait_for(timeout=10_000)

@@ -298,14 +298,6 @@ def _labelled(cell: Any, kind: str, description: str) -> Any:
     return cell.locator(f".widget-{kind}").filter(has=label).locator("select")
 
 
-def _until(page: Any, expression: str, expected: Any, timeout_s: float = 30) -> None:
-    """Poll the kernel until ``expression`` equals ``expected`` (widget updates are batched)."""
-    deadline = time.monotonic() + timeout_s
-    while (value := Lab.kernel_json(page, expression)) != expected:
-        assert time.monotonic() < deadline, f"{expression} = {value!r}, expected {expected!r}"
-        page.wait_for_timeout(200)
-
-
 def _accuracy(scores: str) -> float:
     """The accuracy in percent from notebook 05's ``scores(...)`` line."""
     return float(re.search(r"accuracy ([\d.]+)%", scores).group(1))
@@ -321,7 +313,7 @@ def _exercise_05(page: Any) -> None:
     red = _in_graph(dash, "node", "conv2d_4")
     assert red.count(), f"{name}: the dashboard's graph has no conv2d_4 box"
     red.first.locator("text").first.click()
-    _until(page, "dash.state.selected", "conv2d_4")
+    Lab.wait_kernel(page, "dash.state.selected", "conv2d_4", timeout_s=30)
     history = _press(page, dash, "fallback this layer", len(_history(dash)))
     assert run(page, "dash.history[-1]['metric']") > 0.99, f"{name}: fallback history {history}"
 
@@ -332,14 +324,14 @@ def _exercise_05(page: Any) -> None:
     _labelled(editor, "dropdown", "qscheme").select_option("per_channel_symmetric")
     editor.get_by_role("button", name="Apply").click()
     edit = {"conv2_0_weight -> conv2d_4": {"qscheme": "per_channel_symmetric"}}
-    _until(page, "editor.overrides", edit)
+    Lab.wait_kernel(page, "editor.overrides", edit, timeout_s=30)
     assert _accuracy(run(page, "scores(quantize(editor.quantizer))")) > 99, f"{name}: editor"
 
     explorer = _cell_of(page, "button:text-is('Apply to all')")
     toggles = explorer.locator(".widget-toggle-buttons button")
     toggles.filter(has_text=re.compile("^entropy$")).click()
     explorer.get_by_role("button", name="Apply to all").click()
-    _until(page, "sorted(set(explorer.choices.values()))", ["entropy"])
+    Lab.wait_kernel(page, "sorted(set(explorer.choices.values()))", ["entropy"], timeout_s=30)
     measured = run(page, "scores(qviz.convert_pt2e(prepared))")
     assert _accuracy(measured) > 99, f"{name}: the explorer's entropy ranges give {measured}"
 
