@@ -272,6 +272,23 @@ class Lab:
         return page
 
 
+def graph_group(root: Any, kind: str, title: str) -> Any:
+    """The ``<g class=kind>`` of a qviz graph under ``root`` (the page, or a locator such as
+    one notebook cell) whose SVG title is exactly ``title``."""
+    page = getattr(root, "page", root)  # a locator's page; a page is its own (has= needs it)
+    exact = page.locator("title", has_text=re.compile(f"^{re.escape(title)}$"))
+    return root.locator(f".qviz-graph g.{kind}").filter(has=exact)
+
+
+def labelled(root: Any, widget_class: str, description: str) -> Any:
+    """The ipywidgets control of class ``widget_class`` (``widget-dropdown``...) under
+    ``root`` whose label is exactly ``description``."""
+    page = getattr(root, "page", root)
+    exact = re.compile(f"^{re.escape(description)}$")
+    label = page.locator("label.widget-label", has_text=exact)
+    return root.locator(f".{widget_class}").filter(has=label)
+
+
 def wait_for_idle_kernel(page: Any) -> None:
     """Wait until the notebook's cells exist and the status bar says the kernel is Idle."""
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=KERNEL_IDLE_MS)

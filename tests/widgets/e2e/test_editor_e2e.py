@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.widgets.e2e.conftest import graph_group, labelled
+
 pytestmark = pytest.mark.browser
 
 SETUP = """
@@ -25,18 +27,6 @@ ed = AnnotationEditor(gm)
 """
 
 SHOW = "ed"
-
-
-def _group(page: Any, kind: str, title: str) -> Any:
-    """The graph's ``<g class=kind>`` whose title is exactly ``title``."""
-    exact = re.compile(f"^{re.escape(title)}$")
-    return page.locator(f".qviz-graph g.{kind}").filter(has=page.locator("title", has_text=exact))
-
-
-def _dropdown(page: Any, description: str) -> Any:
-    """The ``<select>`` of the ipywidgets Dropdown labelled ``description``."""
-    label = page.locator("label.widget-label", has_text=re.compile(f"^{re.escape(description)}$"))
-    return page.locator(".widget-dropdown").filter(has=label).locator("select")
 
 
 def _svg_digest(page: Any) -> str:
@@ -68,22 +58,24 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     page.screenshot(path=screenshots / "editor-1-opened.png")
 
     # a click on the relu node selects it: the panel shows its annotation
-    relu = _group(page, "node", "relu")
+    relu = graph_group(page, "node", "relu")
     relu.scroll_into_view_if_needed()
     relu.click()
     page.locator("b", has_text=re.compile(r"^node relu$")).wait_for(timeout=10_000)
     assert page.locator("table.qviz-annotation").count() == 1
-    assert _dropdown(page, "edit").input_value() == "relu"
+    assert labelled(page, "widget-dropdown", "edit").locator("select").input_value() == "relu"
     page.screenshot(path=screenshots / "editor-2-relu-selected.png")
 
     # dtype uint8 + Apply: the kernel re-plans and the graph is redrawn
     before = _svg_digest(page)
-    _dropdown(page, "dtype").select_option("uint8")
+    labelled(page, "widget-dropdown", "dtype").locator("select").select_option("uint8")
     page.get_by_role("button", name="Apply").click()
     _wait_svg_change(page, before)
     page.get_by_text("your edits:").wait_for(timeout=10_000)
     page.locator("table.qviz-annotation td", has_text=re.compile("^uint8\\b")).first.wait_for()
-    assert _dropdown(page, "dtype").input_value() == "(keep)"  # the controls reset after Apply
+    assert (
+        labelled(page, "widget-dropdown", "dtype").locator("select").input_value() == "(keep)"
+    )  # the controls reset after Apply
     expected = {"relu": {"dtype": "uint8"}}
     state = lab.kernel_json(
         page,
@@ -96,7 +88,7 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
 
     # an edit the engine refuses (relu shares with itself): the message, and nothing changes
     after_edit = _svg_digest(page)
-    _dropdown(page, "share with").select_option("relu")
+    labelled(page, "widget-dropdown", "share with").locator("select").select_option("relu")
     page.get_by_role("button", name="Apply").click()
     warning = page.get_by_text(re.compile("⚠ .*sharing cycle"))
     warning.wait_for(timeout=10_000)
@@ -107,17 +99,17 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     page.screenshot(path=screenshots / "editor-4-refused.png")
 
     # a click on the block cluster's label collapses it; a click on the box expands it again
-    _group(page, "cluster", "cluster_block").locator("text").first.click()
-    box = _group(page, "node", "module/block")
+    graph_group(page, "cluster", "cluster_block").locator("text").first.click()
+    box = graph_group(page, "node", "module/block")
     box.wait_for(state="attached", timeout=15_000)
-    assert _group(page, "cluster", "cluster_block").count() == 0
-    assert _group(page, "node", "conv2d_1").count() == 0  # block.conv1 is inside the box
+    assert graph_group(page, "cluster", "cluster_block").count() == 0
+    assert graph_group(page, "node", "conv2d_1").count() == 0  # block.conv1 is inside the box
     assert lab.kernel_json(page, "ed.collapsed") == ["block"]
     page.screenshot(path=screenshots / "editor-5-block-collapsed.png")
     box.click()
-    _group(page, "cluster", "cluster_block").wait_for(state="attached", timeout=15_000)
-    assert _group(page, "node", "module/block").count() == 0
-    assert _group(page, "node", "conv2d_1").count() == 1
+    graph_group(page, "cluster", "cluster_block").wait_for(state="attached", timeout=15_000)
+    assert graph_group(page, "node", "module/block").count() == 0
+    assert graph_group(page, "node", "conv2d_1").count() == 1
     assert lab.kernel_json(page, "{'collapsed': ed.collapsed, 'overrides': ed.overrides}") == {
         "collapsed": [],
         "overrides": expected,
@@ -141,12 +133,12 @@ def test_a_click_on_an_edge_selects_it(lab: Any, screenshots: Path) -> None:
         page.locator(".qviz-graph-search").fill("add")  # the search centres the node add
         page.locator(".qviz-graph-search").press("Enter")
         page.screenshot(path=screenshots / "editor-edge-before.png")
-        _group(page, "edge", title).locator("polygon").first.click()
+        graph_group(page, "edge", title).locator("polygon").first.click()
         heading = page.locator("b", has_text=re.compile(f"^edge {re.escape(expected)}$"))
         heading.wait_for(timeout=10_000)
         state = lab.kernel_json(page, "{'selection': ed.selection, 'error': ed.error}")
         assert state == {"selection": expected, "error": None}
-        assert _dropdown(page, "edit").input_value() == expected
+        assert labelled(page, "widget-dropdown", "edit").locator("select").input_value() == expected
         assert page.locator(".qviz-graph g.edge.qviz-selected title").text_content() == title
     page.locator(".jp-Cell-outputArea").last.screenshot(path=screenshots / "editor-edge.png")
     assert lab.blocked == [], f"the page tried to reach the network: {lab.blocked}"

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.widgets.e2e.conftest import labelled
+
 pytestmark = pytest.mark.browser
 
 SETUP = """
@@ -31,12 +33,6 @@ SHOW = "ex"
 OBSERVER = (
     "activation_post_process_7"  # relu_2, the residual block's output (not the first observer)
 )
-
-
-def _labelled(page: Any, widget_class: str, description: str) -> Any:
-    """The ipywidgets control of class ``widget_class`` whose label is ``description``."""
-    label = page.locator("label.widget-label", has_text=re.compile(f"^{re.escape(description)}$"))
-    return page.locator(f".{widget_class}").filter(has=label)
 
 
 def _row(page: Any, method: str) -> Any:
@@ -82,7 +78,7 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
     page.screenshot(path=screenshots / "explorer-1-opened.png")
 
     # another observer from the dropdown: the table and histogram are the new observer's
-    observer = _labelled(page, "widget-dropdown", "observer").locator("select")
+    observer = labelled(page, "widget-dropdown", "observer").locator("select")
     old_table = table.inner_text()
     labels = observer.locator("option").all_inner_texts()
     observer.select_option(label=next(t for t in labels if t.startswith(f"{OBSERVER}:")))
@@ -97,7 +93,7 @@ def test_calibration_explorer_in_jupyterlab(lab: Any, screenshots: Path) -> None
     page.screenshot(path=screenshots / "explorer-2-entropy.png")
 
     # percentile, then the slider moved with the keyboard: the percentile row's range moves
-    slider = _labelled(page, "widget-hslider", "percentile")
+    slider = labelled(page, "widget-hslider", "percentile")
     toggles.filter(has_text=re.compile("^percentile$")).click()
     _wait_highlighted(page, "percentile")
     readout = slider.locator(".widget-readout")

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests.widgets.e2e.conftest import graph_group
+
 pytestmark = pytest.mark.browser
 
 SETUP = """
@@ -61,12 +63,6 @@ widgets.VBox([status, w])
 """
 
 
-def _group(page: Any, kind: str, title: str) -> Any:
-    """The widget's ``<g class=kind>`` whose title is exactly ``title``."""
-    exact = re.compile(f"^{re.escape(title)}$")
-    return page.locator(f".qviz-graph g.{kind}").filter(has=page.locator("title", has_text=exact))
-
-
 def _status(page: Any, text: str) -> None:
     page.locator(".widget-label", has_text=text).wait_for(timeout=10_000)
 
@@ -80,25 +76,25 @@ def test_graph_widget_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     nodes = page.locator(".qviz-graph g.node")
     nodes.first.wait_for(timeout=20_000)
     before = nodes.count()
-    assert _group(page, "node", "module/block1").count() == 1
+    assert graph_group(page, "node", "module/block1").count() == 1
     _status(page, "selected=x")
-    assert _group(page, "node", "x").get_attribute("class") == "node qviz-selected"
+    assert graph_group(page, "node", "x").get_attribute("class") == "node qviz-selected"
     page.locator(".qviz-graph").scroll_into_view_if_needed()
     page.screenshot(path=screenshots / "1-collapsed.png")
 
-    _group(page, "node", "mean").click()  # an op: its name reaches the kernel
+    graph_group(page, "node", "mean").click()  # an op: its name reaches the kernel
     _status(page, "selected=mean")
     assert page.locator(".qviz-graph .qviz-selected-outline").count() == 1
 
-    _group(page, "node", "obs/relu").click()  # an observer marker: its first plan tensor
+    graph_group(page, "node", "obs/relu").click()  # an observer marker: its first plan tensor
     _status(page, "selected=relu")
 
-    _group(page, "node", "module/block1").click()  # the owner expands the module
+    graph_group(page, "node", "module/block1").click()  # the owner expands the module
     _status(page, "module=block1 n=1")
-    _group(page, "cluster", "cluster_block1").wait_for(state="attached", timeout=10_000)
+    graph_group(page, "cluster", "cluster_block1").wait_for(state="attached", timeout=10_000)
     assert nodes.count() > before
-    assert _group(page, "node", "conv2d").count() == 1
-    assert _group(page, "node", "module/block1").count() == 0
+    assert graph_group(page, "node", "conv2d").count() == 1
+    assert graph_group(page, "node", "module/block1").count() == 0
 
     page.locator(".qviz-graph .qviz-graph-search").fill("conv2d")
     match = page.locator(".qviz-graph g.node.qviz-match")

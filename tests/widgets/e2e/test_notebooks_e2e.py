@@ -36,7 +36,7 @@ import nbformat
 import pytest
 
 from tests.test_notebooks import check_executed
-from tests.widgets.e2e.conftest import Lab
+from tests.widgets.e2e.conftest import Lab, graph_group, labelled
 
 pytestmark = pytest.mark.browser
 
@@ -284,20 +284,6 @@ def _cell_of(page: Any, selector: str) -> Any:
     return cell
 
 
-def _in_graph(cell: Any, kind: str, title: str) -> Any:
-    """The ``<g class=kind>`` of the graph in ``cell`` whose title is exactly ``title``."""
-    exact = re.compile(f"^{re.escape(title)}$")
-    title = cell.page.locator("title", has_text=exact)  # has= takes a locator of the page
-    return cell.locator(f".qviz-graph g.{kind}").filter(has=title)
-
-
-def _labelled(cell: Any, kind: str, description: str) -> Any:
-    """The control of the ipywidget ``kind`` (``dropdown``...) labelled ``description``."""
-    exact = re.compile(f"^{re.escape(description)}$")
-    label = cell.page.locator("label.widget-label", has_text=exact)
-    return cell.locator(f".widget-{kind}").filter(has=label).locator("select")
-
-
 def _accuracy(scores: str) -> float:
     """The accuracy in percent from notebook 05's ``scores(...)`` line."""
     return float(re.search(r"accuracy ([\d.]+)%", scores).group(1))
@@ -310,7 +296,7 @@ def _exercise_05(page: Any) -> None:
     the explorer's entropy ranges for every observer (the glitched calibration survived)."""
     name, run = "05_interactive_quantization", Lab.kernel_json
     dash = _cell_of(page, "table.qviz-dash-history")
-    red = _in_graph(dash, "node", "conv2d_4")
+    red = graph_group(dash, "node", "conv2d_4")
     assert red.count(), f"{name}: the dashboard's graph has no conv2d_4 box"
     red.first.locator("text").first.click()
     Lab.wait_kernel(page, "dash.state.selected", "conv2d_4", timeout_s=30)
@@ -319,9 +305,13 @@ def _exercise_05(page: Any) -> None:
 
     editor = _cell_of(page, "label.widget-label:text-is('qscheme')")
     editor.locator("input.qviz-graph-search").fill("conv2d_4")  # centres the box in the pane
-    _in_graph(editor, "node", "conv2d_4").first.locator("text").first.click()
-    _labelled(editor, "dropdown", "edit").select_option(label="conv2_0_weight -> conv2d_4")
-    _labelled(editor, "dropdown", "qscheme").select_option("per_channel_symmetric")
+    graph_group(editor, "node", "conv2d_4").first.locator("text").first.click()
+    labelled(editor, "widget-dropdown", "edit").locator("select").select_option(
+        label="conv2_0_weight -> conv2d_4"
+    )
+    labelled(editor, "widget-dropdown", "qscheme").locator("select").select_option(
+        "per_channel_symmetric"
+    )
     editor.get_by_role("button", name="Apply").click()
     edit = {"conv2_0_weight -> conv2d_4": {"qscheme": "per_channel_symmetric"}}
     Lab.wait_kernel(page, "editor.overrides", edit, timeout_s=30)
