@@ -21,6 +21,7 @@ __all__ = [
     "CalibrationError",
     "ConfigError",
     "ExportedModeError",
+    "LoweringError",
     "MissingDependencyError",
     "OnnxExportError",
     "QuantizationError",
@@ -55,6 +56,12 @@ class ExportedModeError(QvizError, NotImplementedError):
 class OnnxExportError(QvizError, ValueError):
     """A quantized model cannot be written as ONNX as asked (a range no integer type of the
     opset holds, an operator ONNX has no QuantizeLinear form for, ...)."""
+
+
+class LoweringError(QvizError, RuntimeError):
+    """A converted model cannot be put on a backend's kernels as asked: the backend's compiler
+    failed, or this machine's kernels would not compute the model's integer format exactly (the
+    message names the operator or the machine class, and the other way to lower it)."""
 
 
 class MissingDependencyError(QvizError, ImportError):

@@ -76,7 +76,8 @@ def _backend(backend: str) -> Any:
 
 
 def _given(artifact: Any, backend: str) -> bytes | None:
-    """The bytes of a given artifact, refused unless the backend runs one as it is."""
+    """The bytes of a given artifact, refused unless the backend runs one as it is (what the
+    file holds is checked against the converted model by the onnxruntime lowering)."""
     if artifact is None:
         return None
     if backend != "onnxruntime":
@@ -86,10 +87,50 @@ def _given(artifact: Any, backend: str) -> bytes | None:
         )
     if isinstance(artifact, bytes | bytearray):
         return bytes(artifact)
+    if not isinstance(artifact, str | Path):
+        raise ConfigError(
+            f"lower(artifact=...) takes a path to an .onnx file or its bytes, got "
+            f"{type(artifact).__name__}"
+        )
     file = Path(artifact)
+    if file.is_dir():
+        raise ConfigError(f"lower(artifact={str(artifact)!r}) is a folder: give the .onnx file")
     if not file.is_file():
         raise ConfigError(f"lower(artifact={str(artifact)!r}): no such file")
     return file.read_bytes()
+
+
+#: The largest ``max_batch``: a dynamic batch's bound torch.export and the runtimes take.
+MAX_BATCH_BOUND = 2**20
+
+
+def _max_batch(max_batch: Any) -> int:
+    if (
+        not isinstance(max_batch, int)
+        or isinstance(max_batch, bool)
+        or not 2 <= max_batch <= MAX_BATCH_BOUND
+    ):
+        raise ConfigError(
+            f"lower(max_batch={max_batch!r}): give an int from 2 to {MAX_BATCH_BOUND} (the "
+            f"largest batch the program will take; ExecuTorch plans its memory for it)"
+        )
+    return max_batch
+
+
+def _traced_example(example_inputs: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:
+    """The example the backend traces: a dynamic batch of 1 becomes a batch of 2 (its rows
+    repeated), since torch specialises sizes 0 and 1; anything else as given."""
+    if not dynamic:
+        return example_inputs
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 0:
+            raise ConfigError(f"lower: example input {i} has batch 0; give at least one row")
+    return tuple(
+        x[torch.arange(2) % x.shape[0]]
+        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] < 2
+        else x
+        for x in example_inputs
+    )
 
 
 def lower(
@@ -107,7 +148,8 @@ def lower(
     Args:
         converted: the model :func:`qviz.convert_pt2e` returned (not changed).
         example_inputs: inputs it takes (a single tensor is accepted); a model exported with
-            ``dynamic_batch=True`` is lowered for any batch size.
+            ``dynamic_batch=True`` is lowered for any batch size, from an example of any batch
+            (a batch of 1 is traced as 2 behind the scenes).
         backend: ``"xnnpack"`` (ExecuTorch with the XNNPACK delegate), ``"onnxruntime"``
             (the QDQ export, run by an optimised CPU session) or ``"inductor"``
             (``torch.compile`` with freezing: oneDNN int8 kernels on x86; quantize with
@@ -119,7 +161,8 @@ def lower(
             records and :func:`qviz.numeric.compare_lowered` then measure it against
             ``converted``.
         max_batch: ``"xnnpack"`` with a dynamic batch: the largest batch it takes (ExecuTorch
-            plans its memory for that batch); a larger one is refused when called.
+            plans its memory for that batch), from 2 to 2**20; a larger one is refused when
+            called.
         progress: a one-step bar, "lowering to <backend>", while the backend compiles.
 
     Returns:
@@ -127,7 +170,10 @@ def lower(
         ``.latency(batch)``, ``.summary()``.
 
     Raises:
-        ConfigError: an unknown backend, a model that is not converted, inputs it does not take.
+        ConfigError: an unknown backend, a model that is not converted, inputs it does not
+            take, a bad ``max_batch``, an ``artifact`` that is not this model's quantized .onnx.
+        LoweringError: the backend failed, or this machine's kernels would not compute the
+            model's integer format exactly (the message names the other way to lower it).
         MissingDependencyError: the backend's package is not installed.
 
     Example:
@@ -144,12 +190,16 @@ def lower(
     """
     example_inputs = _check(converted, example_inputs, backend)
     given = _given(artifact, backend)
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 2:
-        raise ConfigError(f"lower(max_batch={max_batch!r}): give an int >= 2")
+    max_batch = _max_batch(max_batch)
     dynamic = (first := batch_and_dtype(converted)) is not None and first[0] is None
+    traced = _traced_example(example_inputs, dynamic)
+    if given is not None:
+        from qviz.engine.lower.onnx_artifact import check_artifact
+
+        check_artifact(given, converted, traced, str(artifact)[:80])
     extra = (given,) if given is not None else ((max_batch,) if backend == "xnnpack" else ())
     folder = Path(path) if path is not None else None
-    made, start = _compile(backend, progress, converted, example_inputs, dynamic, folder, *extra)
+    made, start = _compile(backend, progress, converted, traced, dynamic, folder, *extra)
     return _lowered_model(made, backend, converted, example_inputs, dynamic, start)
 
 

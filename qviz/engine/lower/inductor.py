@@ -42,8 +42,10 @@ from unittest import mock
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from qviz.engine.lower.lowered import KernelRecord
-from qviz.errors import ConfigError, MissingDependencyError
+from qviz.engine.lower.lowered import IntegerFormat, KernelRecord
+from qviz.engine.lower.machine import machine
+from qviz.engine.lower.quiet import quiet
+from qviz.errors import ConfigError, LoweringError, MissingDependencyError
 
 _ONEDNN = "oneDNN int8 kernel"
 _LOOP = "Inductor C++ loop"
@@ -63,7 +65,8 @@ _INT8_DATA = {"qmaxpool2d": "quantized.max_pool2d", "qreshape": "reshape (uint8)
 def _passes() -> None:
     """Register the x86 int8 fusion passes (torchao's; idempotent) or name what to install."""
     try:
-        x86 = importlib.import_module("torchao.quantization.pt2e.inductor_passes.x86")
+        with quiet():
+            x86 = importlib.import_module("torchao.quantization.pt2e.inductor_passes.x86")
     except ImportError as exc:
         raise MissingDependencyError(
             "qviz.lower(backend='inductor') needs torchao's x86 int8 fusion passes: "
@@ -265,14 +268,14 @@ def _compile(model: GraphModule, example_inputs: tuple[Any, ...], dynamic: bool)
             compiled(*inputs)
     capture.active = False
     if not capture.graphs or not codes:
-        raise ConfigError(
+        raise LoweringError(
             "qviz.lower(backend='inductor'): torch.compile produced no Inductor graph (it fell "
             "back to eager: a graph break or a disabled compiler); run with TORCH_LOGS=graph_breaks"
         )
     return compiled, capture, capture.graphs.pop(), codes[-1]
 
 
-def compile_error(exc: BaseException) -> ConfigError:
+def compile_error(exc: BaseException) -> LoweringError:
     """The qviz error for a failure inside Inductor: the operator that failed and the fix.
 
     Example:
@@ -300,8 +303,61 @@ def compile_error(exc: BaseException) -> ConfigError:
     else:
         fix = ("quantize with X86InductorQuantizer, whose patterns the x86 int8 passes match, or "
                "lower with backend='xnnpack' or 'onnxruntime'")  # fmt: skip
-    return ConfigError(
+    return LoweringError(
         f"qviz.lower(backend='inductor'): Inductor failed at {name} ({first[:300]}); {fix}"
+    )
+
+
+_MATMULS = ("conv", "linear", "matmul", "addmm", "mm", "bmm")
+#: The widest unsigned activation grid whose products with int8 weights, added in pairs, stay
+#: within a 16-bit sum: 127 x 128 x 2 = 32512 <= 32767 (7-bit activations, ``reduce_range``).
+_PAIR_SAFE_CODES = 128
+
+
+def saturating_nodes(converted: GraphModule) -> list[str]:
+    """The conv / linear nodes of ``converted`` whose input grid spans more than 128 codes:
+    where the uint8 x int8 kernels of a CPU without VNNI add neighbouring products in 16-bit
+    sums, those can saturate (255 x 127 x 2 = 64770 > 32767).
+
+    Example:
+        >>> saturating_nodes(torch.fx.symbolic_trace(torch.nn.ReLU()))
+        []
+    """
+    found = []
+    for node in converted.graph.nodes:
+        op = getattr(node.target, "__name__", "").split(".")[0]
+        if node.op != "call_function" or not any(op.startswith(m) for m in _MATMULS):
+            continue
+        source = node.args[0] if node.args else None
+        if not isinstance(source, Node) or "dequantize" not in str(source.target):
+            continue
+        low, high = source.args[3:5] if len(source.args) >= 5 else (0, 255)
+        if isinstance(low, int) and isinstance(high, int) and high - low + 1 > _PAIR_SAFE_CODES:
+            found.append(node.name)
+    return found
+
+
+def _int_format(converted: GraphModule) -> IntegerFormat:
+    """The format oneDNN computes here, or a LoweringError where it would saturate."""
+    here = machine()
+    if here.exact_u8s8:
+        return IntegerFormat(
+            "U8S8", f"oneDNN's uint8 x int8 kernels sum in 32 bits on this {here.isa} machine"
+        )
+    nodes = saturating_nodes(converted)
+    if nodes:
+        shown = ", ".join(nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")
+        raise LoweringError(
+            f"qviz.lower(backend='inductor'): on this {here.isa} machine ({here}) oneDNN's int8 "
+            f"kernels add pairs of uint8 x int8 products in saturating 16-bit sums (no VNNI), "
+            f"and {shown} read activations on a full 0..255 grid, which can overflow them: "
+            f"quantize with get_default_x86_inductor_quantization_config(reduce_range=True) "
+            f"(7-bit activations, exact here), or lower with backend='onnxruntime' or 'xnnpack'"
+        )
+    return IntegerFormat(
+        "U8S8 (7-bit activations)",
+        f"this {here.isa} machine's oneDNN kernels add products in 16-bit pairs (no VNNI); the "
+        f"model's activations span at most 128 codes (reduce_range), so no pair overflows",
     )
 
 
@@ -310,6 +366,7 @@ def lower_inductor(
 ) -> tuple[Any, list[KernelRecord], bytes, Path | None, int]:
     """Compile (on a copy), read the kernels; the run function, records, wrapper code, the
     path it was written to, and the size: code plus frozen constants."""
+    int_format = _int_format(converted)
     _passes()
     model = copy.deepcopy(converted)  # Inductor's freezing never touches the caller's weights
     dynamic = dynamic_batch
@@ -325,7 +382,7 @@ def lower_inductor(
             dynamic = False
             model = copy.deepcopy(converted)  # copy: dynamo caches on the forward's code
             compiled, capture, graph, code = _compile(model, example_inputs, False)
-    except ConfigError:
+    except (ConfigError, LoweringError):
         raise
     except Exception as exc:
         raise compile_error(exc) from exc
@@ -347,4 +404,5 @@ def lower_inductor(
             out = compiled(*inputs)
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
+    run.int_format = int_format  # type: ignore[attr-defined]
     return run, records, artifact, (Path(path) if path is not None else None), size

@@ -27,12 +27,30 @@ import torch
 from torch import nn
 
 from qviz.engine.graph.fingerprint import Fingerprint
+from qviz.engine.lower.machine import Machine, machine
 from qviz.errors import ConfigError
 
 #: The kernel kinds a record names.
 KERNELS = ("integer", "float", "quantize", "data")
 #: The largest batch ``qviz.lower`` plans a dynamic-batch ``"xnnpack"`` program for by default.
 DEFAULT_MAX_BATCH = 64
+
+
+@dataclass(frozen=True)
+class IntegerFormat:
+    """The integer format a lowering chose for the machine it ran on, and why.
+
+    Attributes:
+        name: e.g. ``"U8S8"`` (uint8 activations x int8 weights), ``"U8U8"``, ``"QS8"``.
+        why: the reason, naming the machine class.
+
+    Example:
+        >>> IntegerFormat("U8U8", "no VNNI here").name
+        'U8U8'
+    """
+
+    name: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,10 @@ class LoweredModel(nn.Module):
             plans memory for it); None when unbounded or fixed.
         program: the ``torch.export`` program the backend lowered (``"xnnpack"``; None for a
             backend that lowers another artifact): a prefix of it can be lowered again.
+        machine: the :class:`~qviz.engine.lower.machine.Machine` it was lowered on (its
+            kernels were chosen for that CPU class).
+        int_format: the :class:`IntegerFormat` chosen for that machine, and why.
+        speed: what :meth:`compare_speed` measured last (None before).
     """
 
     def __init__(
@@ -104,6 +126,9 @@ class LoweredModel(nn.Module):
         self._example = tuple(example_inputs)
         self.max_batch: int | None = None  # the largest batch a bounded dynamic program takes
         self.program = getattr(run, "program", None)
+        self.machine: Machine = machine()
+        self.int_format: IntegerFormat | None = getattr(run, "int_format", None)
+        self.speed: Any = None
 
     @property
     def input_count(self) -> int:
@@ -113,18 +138,66 @@ class LoweredModel(nn.Module):
         return len(self._example)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
-        """Run the lowered program; one output comes back as a tensor, several as a tuple."""
-        tensors = [x.detach().cpu().contiguous() for x in inputs]
-        most = self.max_batch
-        batch = next((x.shape[0] for x in tensors if isinstance(x, torch.Tensor) and x.dim()), 0)
+        """Run the lowered program; one output comes back as a tensor, several as a tuple.
+
+        Raises:
+            ConfigError: an input the program does not take (count, type, dtype, device, rank,
+                sizes, a batch over ``max_batch``), named before the runtime sees it.
+        """
+        self._check_call(inputs)
+        tensors = [x.detach().contiguous() for x in inputs]
+        outputs = self._run(tensors)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _check_call(self, inputs: tuple[Any, ...]) -> None:
+        """Every input against the example the program was lowered for."""
+        if len(inputs) != len(self._example):
+            raise ConfigError(
+                f"this {self.backend} program takes {len(self._example)} input(s) (those of its "
+                f"example), got {len(inputs)}"
+            )
+        for i, (x, example) in enumerate(zip(inputs, self._example, strict=True)):
+            if not isinstance(example, torch.Tensor):
+                continue
+            if not isinstance(x, torch.Tensor):
+                kind = type(x).__module__.split(".")[0] + "." + type(x).__name__
+                fix = "torch.from_numpy(x)" if kind.startswith("numpy.") else "torch.as_tensor(x)"
+                raise ConfigError(
+                    f"input {i}: the {self.backend} program takes torch tensors, got {kind}: pass "
+                    f"{fix}"
+                )
+            if x.device.type != "cpu":
+                raise ConfigError(
+                    f"input {i} is on {x.device}; the {self.backend} program runs on the CPU: "
+                    f"pass x.cpu()"
+                )
+            if x.dtype != example.dtype:
+                raise ConfigError(
+                    f"input {i} is {x.dtype}; the {self.backend} program takes {example.dtype} "
+                    f"(its example's dtype): pass x.to({example.dtype})"
+                )
+            self._check_shape(i, x, example)
+
+    def _check_shape(self, i: int, x: torch.Tensor, example: torch.Tensor) -> None:
+        expect = ("N", *example.shape[1:]) if self.dynamic_batch else tuple(example.shape)
+        if x.dim() != example.dim() or tuple(x.shape[1:]) != tuple(example.shape[1:]):
+            raise ConfigError(
+                f"input {i} has shape {tuple(x.shape)}; the {self.backend} program takes "
+                f"{tuple(expect)}".replace("'N'", "N")
+            )
+        batch, most = (x.shape[0] if x.dim() else 0), self.max_batch
+        if x.dim() and not self.dynamic_batch and batch != example.shape[0]:
+            raise ConfigError(
+                f"input {i} has batch {batch}; this {self.backend} program was lowered for batch "
+                f"{example.shape[0]} only: export with qviz.export(..., dynamic_batch=True) to "
+                f"take any batch"
+            )
         if most is not None and batch > most:
             raise ConfigError(
                 f"this {self.backend} program takes batches up to {most} (the memory its "
                 f"runtime planned), got {batch}: split the batch, or lower with "
                 f"qviz.lower(..., max_batch={batch})"
             )
-        outputs = self._run(tensors)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def kernel_counts(self) -> dict[str, int]:
         """How many operators each kind of kernel runs, e.g. ``{"integer": 7, "float": 1}``."""
@@ -155,6 +228,45 @@ class LoweredModel(nn.Module):
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
+    def compare_speed(
+        self, converted: Any, batches: Sequence[int] = (1, 8), *, repeats: int = 20
+    ) -> Any:
+        """Time this int8 program against the same backend's float program (the converted
+        model without its quantize / dequantize pairs, lowered to XNNPACK fp32, an onnxruntime
+        float session, or ``torch.compile`` with freezing) at each batch, interleaved; the
+        :class:`~qviz.engine.lower.speed.SpeedComparison` is kept in ``.speed`` and shown by
+        :meth:`summary`, with the machine.
+
+        Args:
+            converted: the model given to :func:`qviz.lower` (its fingerprint is checked).
+            batches: the batch sizes (a fixed-batch program: its own batch only).
+            repeats: timed calls of each program per batch (the median counts).
+
+        Example:
+            >>> import torch, qviz
+            >>> from qviz.engine.quantizers import (XNNPACKQuantizer,
+            ...     get_symmetric_quantization_config)
+            >>> x = torch.randn(8, 16)
+            >>> gm = qviz.export(torch.nn.Linear(16, 4).eval(), (x,), dynamic_batch=True)
+            >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+            ...     get_symmetric_quantization_config()))
+            >>> _ = qviz.calibrate(p, x, progress=False)
+            >>> c = qviz.convert_pt2e(p)
+            >>> speed = qviz.lower(c, (x,), backend="onnxruntime").compare_speed(c, repeats=3)
+            >>> [row.batch for row in speed.rows], speed.float_program
+            ([1, 8], 'onnxruntime float session')
+        """
+        from qviz.engine.lower.speed import compare_speed
+
+        if not self.dynamic_batch:
+            batches = tuple(b for b in batches if b == self._inputs_at(None)[0].shape[0]) or (
+                self._inputs_at(None)[0].shape[0],
+            )
+        for b in batches:
+            self._inputs_at(b)  # a bad batch is named before anything is lowered
+        self.speed = compare_speed(self, converted, tuple(batches), repeats)
+        return self.speed
+
     def _inputs_at(self, batch: int | None) -> tuple[Any, ...]:
         first = next((x for x in self._example if isinstance(x, torch.Tensor)), None)
         if batch is None or first is None or first.dim() == 0 or batch == first.shape[0]:
@@ -173,12 +285,19 @@ class LoweredModel(nn.Module):
         )
 
     def summary(self) -> str:
-        """One line per kind of kernel, then each float fallback with its reason."""
+        """One line per kind of kernel, the machine and the integer format chosen for it, the
+        speed against the same backend's float program once measured, then each float
+        fallback with its reason."""
         counts = ", ".join(f"{n} {k}" for k, n in self.kernel_counts().items())
         lines = [
             f"LoweredModel({self.backend}): {len(self.kernels)} operators ({counts}), "
-            f"{self.size_bytes / 1024:.1f} KiB, lowered in {self.lowering_seconds:.2f} s"
+            f"{self.size_bytes / 1024:.1f} KiB, lowered in {self.lowering_seconds:.2f} s",
+            f"  machine: {self.machine}",
         ]
+        if self.int_format is not None:
+            lines.append(f"  format: {self.int_format.name}: {self.int_format.why}")
+        if self.speed is not None:
+            lines += [f"  {line}" for line in self.speed.lines(machine=False)]
         lines += [
             f"  float: {r.source or r.node} ({r.op}): {r.reason}" for r in self.float_fallbacks()
         ]
@@ -205,7 +324,10 @@ class LoweredModel(nn.Module):
 
         compute = [r for r in self.kernels if r.kernel in ("integer", "float")]
         other = [r for r in self.kernels if r.kernel not in ("integer", "float")]
-        summary = html.escape(self.summary().splitlines()[0])
+        head = [
+            line.strip() for line in self.summary().splitlines() if not line.startswith("  float:")
+        ]
+        summary = "<br>".join(html.escape(line) for line in head)
         fold = (
             f"<details><summary>{len(other)} quantize / dequantize and data operators"
             f"</summary>{table(other)}</details>"

@@ -12,7 +12,11 @@ onnxruntime's x86 integer kernels take uint8 activations with int8 weights: its 
 int8 activation into uint8 only where one quantize feeds one dequantize, so a tensor read by two
 operators (a residual connection) would leave its producer and both readers on float kernels. The
 lowered program therefore states every int8 activation grid as the uint8 grid with zero point
-+128, which holds exactly the same values; weights stay int8.
++128, which holds exactly the same values. Weights stay int8 where onnxruntime's uint8 x int8
+kernels sum in 32 bits (VNNI, AMX, ARM); on x86 without VNNI those kernels saturate 16-bit sums,
+so weights are stated as uint8 too (U8U8, the format onnxruntime documents as free of that
+overflow). Which one this machine needs is measured, not guessed
+(:mod:`qviz.engine.lower.ort_format`), and recorded on the lowered model.
 
 Example:
     >>> import torch, qviz
@@ -38,6 +42,8 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine.lower.lowered import KernelRecord
+from qviz.engine.lower.ort_format import PRECISION_MODE, choose, uint8_weights
+from qviz.errors import LoweringError
 
 _WHERE = "onnxruntime CPU"
 _INTEGER_OPS = {
@@ -315,8 +321,14 @@ def lower_onnxruntime(
     path: Path | None,
     given: bytes | None = None,
 ) -> tuple[Any, list[KernelRecord], bytes, Path | None]:
-    """Export (or take ``given``, an .onnx's bytes, as it is), optimise and load; the run
-    function, the records, the file's bytes and path."""
+    """Export (or take ``given``, an .onnx's bytes, as it is) in the integer format this
+    machine computes exactly (:func:`~qviz.engine.lower.ort_format.choose`), optimise and load;
+    the run function (carrying ``int_format``), the records, the file's bytes and path.
+
+    Raises:
+        LoweringError: no format onnxruntime computes exactly here, or onnxruntime refused it.
+    """
+    from qviz.engine.lower.machine import machine
     from qviz.engine.onnx.export import _import
 
     ort = _import("onnxruntime")
@@ -328,22 +340,22 @@ def lower_onnxruntime(
     else:
         target = Path(path)
     if given is None:
-        _export(converted, example_inputs, target, dynamic_batch)
+        fmt = choose(machine().isa)
+        _export(converted, example_inputs, target, dynamic_batch, fmt.name == "U8U8")
     else:
         target.write_bytes(given)
+        fmt = choose(machine().isa, given_int8=True)
+    if not fmt.exact:
+        raise LoweringError(
+            f"qviz.lower(backend='onnxruntime'): onnxruntime computes no integer format exactly "
+            f"on this machine ({machine()}): {fmt.why}; lower with backend='xnnpack'"
+        )
     model = onnx.load(str(target))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: not the optimiser's notes on each session
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    optimised = target.with_name(target.stem + ".optimized.onnx")
-    options.optimized_model_filepath = str(optimised)
-    session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
-    graph = onnx.load(str(optimised)).graph
+    session, graph = _session(ort, onnx, target, fmt.precision_mode)
     produced = {out: node.op_type for node in graph.node for out in node.output}
     records = classify(list(graph.node), produced, fx_names(model, converted))
     artifact = target.read_bytes()
     names = [i.name for i in session.get_inputs()]
-    optimised.unlink(missing_ok=True)
     if folder is not None:  # the session holds the model: the temporary file can go
         folder.cleanup()
 
@@ -351,12 +363,37 @@ def lower_onnxruntime(
         feed = {n: x.numpy() for n, x in zip(names, inputs, strict=True)}
         return [torch.from_numpy(o) for o in session.run(None, feed)]
 
+    run.int_format = fmt  # type: ignore[attr-defined]
     return run, records, artifact, (None if folder is not None else target)
 
 
-def _export(converted: Any, example_inputs: tuple, target: Path, dynamic_batch: bool) -> None:
+def _session(ort: Any, onnx: Any, target: Path, precision_mode: bool) -> tuple[Any, Any]:
+    """An optimised CPU session of ``target`` and the graph it runs (saved and read back)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: not the optimiser's notes on each session
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if precision_mode:
+        options.add_session_config_entry(PRECISION_MODE, "1")
+    optimised = target.with_name(target.stem + ".optimized.onnx")
+    options.optimized_model_filepath = str(optimised)
+    try:
+        session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's own error types: name them as a lowering failure
+        mode = f" in its precision mode ({PRECISION_MODE})" if precision_mode else ""
+        raise LoweringError(
+            f"qviz.lower(backend='onnxruntime'): onnxruntime could not load the program{mode}: "
+            f"{str(exc).strip()[:400]}"
+        ) from exc
+    graph = onnx.load(str(optimised)).graph
+    optimised.unlink(missing_ok=True)
+    return session, graph
+
+
+def _export(
+    converted: Any, example_inputs: tuple, target: Path, dynamic_batch: bool, u8u8: bool
+) -> None:
     """The QDQ export, stated for onnxruntime's x86 integer kernels (uint8 activations, global
-    average pools)."""
+    average pools; uint8 weights too where its uint8 x int8 kernels are not exact)."""
     import onnx
 
     from qviz.engine.onnx.export import export_onnx
@@ -364,5 +401,7 @@ def _export(converted: Any, example_inputs: tuple, target: Path, dynamic_batch: 
     export_onnx(converted, example_inputs, target, dynamic_batch=dynamic_batch)
     model = onnx.load(str(target))
     uint8_activations(model)
+    if u8u8:
+        uint8_weights(model)
     global_pools(model)
     onnx.save(model, str(target))

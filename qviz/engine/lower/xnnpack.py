@@ -34,7 +34,9 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
-from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH, KernelRecord
+from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH, IntegerFormat, KernelRecord
+from qviz.engine.lower.machine import machine
+from qviz.engine.lower.quiet import quiet
 from qviz.errors import ConfigError, MissingDependencyError
 
 _PORTABLE = "ExecuTorch portable kernels"
@@ -61,7 +63,8 @@ _DATA = (
 
 def _import(name: str) -> Any:
     try:
-        return importlib.import_module(name)
+        with quiet():
+            return importlib.import_module(name)
     except ImportError as exc:
         raise MissingDependencyError(
             "qviz.lower(backend='xnnpack') needs ExecuTorch: pip install 'qviz[lower]' (executorch)"
@@ -227,29 +230,92 @@ def lower_exported(program: Any, path: Path | None = None) -> tuple[Any, list[Ke
     exir = _import("executorch.exir")
     partitioner = _import("executorch.backends.xnnpack.partition.xnnpack_partitioner")
     runtime = _import("executorch.runtime")
-    with refusals() as why:
+    with refusals() as why, quiet():
         edge = exir.to_edge_transform_and_lower(
             program, partitioner=[partitioner.XnnpackPartitioner()]
         )
-    graph_module = edge.exported_program().graph_module
-    records = records_of(graph_module, _without_kernel(graph_module, why))
-    buffer = edge.to_executorch().buffer
+        graph_module = edge.exported_program().graph_module
+        records = records_of(graph_module, _without_kernel(graph_module, why))
+        buffer = edge.to_executorch().buffer
+        # the loaded program reads the serialised buffer in place: both live as long as ``run``
+        loaded = runtime.Runtime.get().load_program(buffer)
+        method = loaded.load_method("forward")
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(buffer)
-    # the loaded program reads the serialised buffer in place: both live as long as ``run``
-    loaded = runtime.Runtime.get().load_program(buffer)
-    method = loaded.load_method("forward")
 
     def run(inputs: list[torch.Tensor], _keep: tuple = (buffer, loaded)) -> list[torch.Tensor]:
         return [o.clone() for o in method.execute(inputs)]
 
     run.program = program  # type: ignore[attr-defined]
+    run.int_format = IntegerFormat(  # type: ignore[attr-defined]
+        "QS8",
+        f"XNNPACK's signed int8 kernels widen products to 16 bits and sum in 32 bits on every "
+        f"CPU class, this {machine().isa} one included: no saturation",
+    )
     meta = method.metadata
     run.input_sizes = (  # type: ignore[attr-defined]
         tuple(meta.input_tensor_meta(0).sizes()) if meta.num_inputs() else ()
     )
     return run, records, bytes(buffer)
+
+
+def views_as_reshapes(graph_module: GraphModule) -> int:
+    """Turn each ``aten.view`` of ``graph_module`` into ``aten.reshape`` (in place); how many.
+
+    A reshape is a view where one works and a copy where it cannot: the decompositions below
+    then build each view for the strides its input really has (a view written by the model
+    after a transpose that ExecuTorch's passes lay out anew).
+
+    Example:
+        >>> gm = torch.fx.symbolic_trace(torch.nn.Flatten())
+        >>> views_as_reshapes(gm)
+        0
+    """
+    count = 0
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+            count += 1
+    if count:
+        graph_module.recompile()
+    return count
+
+
+def attention_decomposed(program: Any) -> Any:
+    """``program`` with its scaled-dot-product attention decomposed into matmuls and a softmax
+    (torch.export's own decompositions), or ``program`` itself where it has none.
+
+    ExecuTorch first turns the reshapes after a fused attention into views, for the strides
+    of the fused kernel's output, and decomposes the attention later, into a differently laid
+    out output those views cannot read (GPT-2: "Cannot view a tensor with shape [2, 32, 64] and
+    strides (64, 128, 1)"); decomposing it first keeps the strides the views are built for.
+
+    Example:
+        >>> ep = torch.export.export(torch.nn.ReLU(), (torch.randn(2),))
+        >>> attention_decomposed(ep) is ep
+        True
+    """
+    targets = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    table = {op: fn for op, fn in torch.export.default_decompositions().items()
+             if "scaled_dot_product" in str(op)}  # fmt: skip
+    return program.run_decompositions(table) if targets & set(table) else program
+
+
+#: ExecuTorch plans a dynamic batch for 15 rows when the traced example has fewer than 16
+#: (measured with executorch 1.5.1), and for ``max_batch`` from 16 rows on.
+_PLANNED_FROM = 16
+
+
+def _planning_example(example_inputs: tuple[Any, ...], max_batch: int) -> tuple[Any, ...]:
+    """The example traced for a dynamic batch: its rows repeated to at least 16 (at most
+    ``max_batch``), so that ExecuTorch plans memory for ``max_batch`` rather than 15."""
+    batch = next(x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor) and x.dim())
+    rows = min(max_batch, max(batch, _PLANNED_FROM))
+    return tuple(
+        x[torch.arange(rows) % x.shape[0]] if isinstance(x, torch.Tensor) and x.dim() else x
+        for x in example_inputs
+    )
 
 
 def lower_xnnpack(
@@ -264,8 +330,13 @@ def lower_xnnpack(
     outside a delegate for the largest batch, so an unbounded one cannot be allocated; the
     program's own bound (its input's planned size, sometimes below ``max_batch``) is kept."""
     _import("executorch.exir")
-    shapes = dynamic_batch_shapes(example_inputs, max_batch) if dynamic_batch else None
+    shapes = None
+    if dynamic_batch:
+        example_inputs = _planning_example(example_inputs, max_batch)
+        shapes = dynamic_batch_shapes(example_inputs, max_batch)
     program = torch.export.export(converted, example_inputs, dynamic_shapes=shapes)
+    views_as_reshapes(program.graph_module)
+    program = attention_decomposed(program)
     try:
         run, records, buffer = lower_exported(program, path)
     except MemoryError as exc:

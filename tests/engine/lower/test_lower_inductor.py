@@ -25,7 +25,7 @@ from qviz.engine.quantizers import (
     get_default_x86_inductor_quantization_config,
     get_symmetric_quantization_config,
 )
-from qviz.errors import ConfigError, MissingDependencyError
+from qviz.errors import ConfigError, LoweringError, MissingDependencyError
 
 pytest.importorskip("torchao")
 
@@ -204,7 +204,7 @@ def test_int8_activations_name_the_failing_operator_and_the_quantizer():
     config = get_symmetric_quantization_config(is_per_channel=True)
     prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
     qviz.calibrate(prepared, batches, progress=False)
-    with pytest.raises(ConfigError, match=r"Inductor failed at \w+::\w+.*X86InductorQuantizer"):
+    with pytest.raises(LoweringError, match=r"Inductor failed at \w+::\w+.*X86InductorQuantizer"):
         qviz.lower(qviz.convert_pt2e(prepared), (batches[0],), backend="inductor")
 
 

@@ -1,0 +1,214 @@
+"""Which integer format onnxruntime computes exactly on this machine, found by measuring it.
+
+onnxruntime fuses a QDQ graph into integer kernels whose format is the dtypes of the
+activations and weights: ``"U8S8"`` (uint8 activations, int8 weights: fastest) or ``"U8U8"``
+(both uint8). onnxruntime documents that its U8S8 kernels on x86 without VNNI (SSE4.1, AVX2,
+AVX-512 without VNNI) add neighbouring products in a saturating 16-bit sum, so large weights
+meeting large activations come out wrong, and names U8U8 as the format without that overflow.
+The lowering does not guess from CPU flags alone: :func:`exact` runs a probe (a QLinearConv
+and a QGemm whose every pair of products, 255 x 127 twice, exceeds 32767) in a real session
+and compares it with the exact integer result, once per process. :func:`choose` takes U8S8
+where its probe is exact and U8U8 otherwise; U8U8 is the same values (each int8 weight + 128
+with zero point + 128), so the lowered program computes what the reference does.
+
+This module imports neither torch nor qviz's engine, so it runs wherever onnxruntime does.
+
+Example:
+    >>> fmt = choose()
+    >>> fmt.name in ("U8S8", "U8U8"), fmt.exact
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["OrtFormat", "choose", "exact", "probe_model", "uint8_weights"]
+
+#: onnxruntime's session option that makes its x86 U8S8 kernels compute as U8U8 (documented in
+#: its session options' config keys; effective only on the CPUs that overflow).
+PRECISION_MODE = "session.x64quantprecision"
+_K = 64  # products summed per output: 32 pairs, each 255 * 127 * 2 = 64770 > 32767
+_OUT = 250  # the exact result's output code; a saturated sum gives about half of it
+
+
+@dataclass(frozen=True)
+class OrtFormat:
+    """The integer format a lowering gives onnxruntime, and why.
+
+    Attributes:
+        name: ``"U8S8"`` or ``"U8U8"``.
+        precision_mode: run with onnxruntime's ``session.x64quantprecision`` (a given
+            ``.onnx`` with int8 weights on a machine whose U8S8 kernels overflow).
+        exact: whether the probe found this format's kernels exact on this machine.
+        why: the reason, in words.
+    """
+
+    name: str
+    precision_mode: bool
+    exact: bool
+    why: str
+
+
+def _helpers() -> tuple[Any, Any, Any]:
+    onnx = importlib.import_module("onnx")
+    numpy = importlib.import_module("numpy")
+    return onnx, onnx.helper, numpy
+
+
+def probe_model(weights: str = "int8") -> Any:
+    """A QDQ model of one 1x1 Conv and one Gemm over 64 inputs, every activation 255 and every
+    weight 127 (``weights="uint8"``: 255 with zero point 128, the same values); the exact
+    output code of both is 250.
+
+    Example:
+        >>> [n.op_type for n in probe_model().graph.node][:3]
+        ['QuantizeLinear', 'DequantizeLinear', 'DequantizeLinear']
+    """
+    onnx, helper, np = _helpers()
+    from onnx import numpy_helper
+
+    wtype, wvalue, wzero = (np.uint8, 255, 128) if weights == "uint8" else (np.int8, 127, 0)
+    out_scale = _K * 255 * 127 / _OUT
+    inits = [
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(0, np.uint8), "zero"),
+        numpy_helper.from_array(np.array(out_scale, np.float32), "out_scale"),
+        numpy_helper.from_array(np.array(wzero, wtype), "wc_zero"),
+        numpy_helper.from_array(np.array(wzero, wtype), "wg_zero"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "wc_scale"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "wg_scale"),
+        numpy_helper.from_array(np.full((16, _K, 1, 1), wvalue, wtype), "w_conv"),
+        numpy_helper.from_array(np.full((_K, 16), wvalue, wtype), "w_gemm"),
+    ]
+    node = helper.make_node
+    nodes = [
+        node("QuantizeLinear", ["x", "one", "zero"], ["xq"]),
+        node("DequantizeLinear", ["xq", "one", "zero"], ["xd"]),
+        node("DequantizeLinear", ["w_conv", "wc_scale", "wc_zero"], ["wc"]),
+        node("DequantizeLinear", ["w_gemm", "wg_scale", "wg_zero"], ["wg"]),
+        node("Conv", ["xd", "wc"], ["c"]),
+        node("QuantizeLinear", ["c", "out_scale", "zero"], ["cq"]),
+        node("DequantizeLinear", ["cq", "out_scale", "zero"], ["conv"]),
+        node("Flatten", ["xd"], ["xf"]),
+        node("Reshape", ["xf", "shape"], ["xr"]),
+        node("Gemm", ["xr", "wg"], ["g"]),
+        node("QuantizeLinear", ["g", "out_scale", "zero"], ["gq"]),
+        node("DequantizeLinear", ["gq", "out_scale", "zero"], ["gemm"]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([-1, _K], np.int64), "shape"))
+    floats = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "qviz_saturation_probe",
+        [helper.make_tensor_value_info("x", floats, [4, _K, 2, 2])],
+        [
+            helper.make_tensor_value_info("conv", floats, None),
+            helper.make_tensor_value_info("gemm", floats, None),
+        ],  # fmt: skip
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+@functools.cache
+def exact(weights: str = "int8", precision_mode: bool = False) -> bool:
+    """Whether onnxruntime's optimised CPU session computes :func:`probe_model` exactly here:
+    every output code 250, none saturated (measured once per process).
+
+    Example:
+        >>> exact("uint8")
+        True
+    """
+    ort = importlib.import_module("onnxruntime")
+    _, _, np = _helpers()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if precision_mode:
+        options.add_session_config_entry(PRECISION_MODE, "1")
+    model = probe_model(weights).SerializeToString()
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    x = np.full((4, _K, 2, 2), 255.0, np.float32)
+    scale = _K * 255 * 127 / _OUT
+    return all(bool(np.all(np.rint(o / scale) == _OUT)) for o in session.run(None, {"x": x}))
+
+
+def choose(machine_class: str = "", given_int8: bool = False) -> OrtFormat:
+    """The format to lower to: U8S8 where its kernels are exact here, else U8U8 (exported
+    with uint8 weights, or, for a given file with int8 weights, onnxruntime's precision mode);
+    ``machine_class`` only words the reason.
+
+    Example:
+        >>> choose("AVX2").exact
+        True
+    """
+    where = f" on this {machine_class} machine" if machine_class else " on this machine"
+    if exact("int8"):
+        return OrtFormat("U8S8", False, True, f"uint8 x int8 kernels sum in 32 bits{where}")
+    overflow = (f"onnxruntime's U8S8 kernels saturate 16-bit sums{where} (x86 without VNNI; the "
+                f"probe measured it)")  # fmt: skip
+    if given_int8:
+        ok = exact("int8", precision_mode=True)
+        why = f"{overflow}: the given file runs in onnxruntime's precision mode ({PRECISION_MODE})"
+        return OrtFormat("U8U8", True, ok, why)
+    ok = exact("uint8")
+    return OrtFormat("U8U8", False, ok, f"{overflow}: weights stated as uint8 (+128), U8U8")
+
+
+def uint8_weights(model: Any) -> int:
+    """Restate every int8 weight of ``model`` (an ``onnx.ModelProto``, edited in place) as
+    uint8: each value and its zero point + 128, the same real values; how many were restated.
+
+    A weight is a DequantizeLinear whose input is an int8 initializer.
+
+    Example:
+        >>> import numpy as np
+        >>> from onnx import helper, numpy_helper
+        >>> w = numpy_helper.from_array(np.array([-128, 0, 127], np.int8), "w")
+        >>> z = numpy_helper.from_array(np.array(0, np.int8), "z")
+        >>> s = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+        >>> g = helper.make_graph([helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"])],
+        ...     "g", [], [helper.make_tensor_value_info("y", 1, [3])], [w, s, z])
+        >>> m = helper.make_model(g)
+        >>> uint8_weights(m), numpy_helper.to_array(m.graph.initializer[-2]).tolist()
+        (1, [0, 128, 255])
+    """
+    from onnx import TensorProto, numpy_helper
+
+    _, _, np = _helpers()
+    graph = model.graph
+    initializers = {i.name: i for i in graph.initializer}
+    restated: dict[str, str] = {}
+    count = 0
+    for node in graph.node:
+        tensor = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if tensor is None or tensor.data_type != TensorProto.INT8:
+            continue
+        for slot in (0, 2):
+            if slot == 2 and len(node.input) < 3:  # no zero point: int8's default is 0
+                node.input.append(_zero_point(graph, restated, np))
+                continue
+            name = node.input[slot]
+            if name not in restated:
+                values = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
+                graph.initializer.append(
+                    numpy_helper.from_array(values.astype(np.uint8), f"{name}_u8w")
+                )
+                restated[name] = f"{name}_u8w"
+            node.input[slot] = restated[name]
+        count += 1
+    return count
+
+
+def _zero_point(graph: Any, restated: dict[str, str], np: Any) -> str:
+    """The name of a uint8 zero point 128 (int8's implicit 0, restated)."""
+    from onnx import numpy_helper
+
+    if "" not in restated:
+        graph.initializer.append(numpy_helper.from_array(np.array(128, np.uint8), "qviz_u8_128"))
+        restated[""] = "qviz_u8_128"
+    return restated[""]
