@@ -108,7 +108,7 @@ def probe_model(weights: str = "int8") -> Any:
         [
             helper.make_tensor_value_info("conv", floats, None),
             helper.make_tensor_value_info("gemm", floats, None),
-        ],  # fmt: skip
+        ],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
