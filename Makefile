@@ -4,6 +4,8 @@
 # Every step is skipped when it is already done.
 # `QVIZ_SKIP_BROWSER=1 make test` skips the browser tests (tests/widgets/e2e) locally; CI never
 # sets it, and without it a missing chromium fails those tests rather than skipping them.
+# Debian's qemu-user is installed too (x86 hosts): one lowering test runs onnxruntime on an
+# emulated AVX2-only CPU; `QVIZ_SKIP_EMULATION=1` skips it locally, CI never sets it.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -53,6 +55,16 @@ system-deps:
 	    echo "the browser tests need Chromium at /usr/bin/chromium: install it with" \
 	         "'sudo apt-get install chromium' (Debian/Ubuntu), or skip them with" \
 	         "QVIZ_SKIP_BROWSER=1 make test." >&2; \
+	  fi; \
+	fi
+	@if ! command -v qemu-x86_64 >/dev/null 2>&1 && [ "$$(uname -m)" = x86_64 ] && [ "$${QVIZ_SKIP_EMULATION:-}" != 1 ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's qemu-user (the lowering tests run onnxruntime on an emulated AVX2 CPU)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null; \
+	  else \
+	    echo "the emulated-CPU lowering test needs qemu-x86_64: install it with" \
+	         "'sudo apt-get install qemu-user' (Debian/Ubuntu), or skip it with" \
+	         "QVIZ_SKIP_EMULATION=1 make test." >&2; \
 	  fi; \
 	fi
 
