@@ -85,9 +85,11 @@ def _match(got: list, want: list) -> bool:
 
 
 def _words(signature: list) -> str:
+    """``float32[N, 10]``: each tensor's type and shape, its batch (first) dimension as N."""
     names = {v: k for k, v in _ELEMENT.items()}
     return ", ".join(
-        f"{str(names.get(t, t)).replace('torch.', '')}{list('N' if d is None else d for d in s)}"
+        f"{str(names.get(t, t)).replace('torch.', '')}"
+        f"[{', '.join('N' if i == 0 or d is None else str(d) for i, d in enumerate(s))}]"
         for t, s in signature
     )
 
