@@ -19,6 +19,8 @@ from torch._dynamo.utils import counters
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.fingerprint import fingerprint
+from qviz.engine.lower import inductor as inductor_lowering
+from qviz.engine.lower.machine import Machine, machine
 from qviz.engine.quantizers import (
     X86InductorQuantizer,
     XNNPACKQuantizer,
@@ -30,12 +32,19 @@ from qviz.errors import ConfigError, LoweringError, MissingDependencyError
 pytest.importorskip("torchao")
 
 
+#: Without VNNI, oneDNN's uint8 x int8 kernels add pairs of products in saturating 16-bit sums:
+#: there the tests quantize with 7-bit activations (reduce_range), which qviz.lower takes, as
+#: torch.ao's x86 default does on such CPUs.
+REDUCE_RANGE = not machine().exact_u8s8
+
+
 @pytest.fixture(scope="module")
 def x86_quantizer():
-    """A factory of the x86 quantizer: the one place the tests pick it."""
+    """A factory of the x86 quantizer: the one place the tests pick it (for this machine)."""
 
     def make():
-        return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+        config = get_default_x86_inductor_quantization_config(reduce_range=REDUCE_RANGE)
+        return X86InductorQuantizer().set_global(config)
 
     return make
 
@@ -101,7 +110,7 @@ def test_digits_outputs_stay_within_one_step_of_the_reference(digits):
     differing = total = 0
     for x in batches:
         steps = _steps(lowered, converted, x)
-        assert lowered(x).shape == converted(x).shape and float(steps.max()) <= 1
+        assert lowered(x).shape == converted(x).shape and float(steps.max()) <= 1, machine()
         differing += int((steps > 0).sum())
         total += steps.numel()
     assert differing <= total // 100, (differing, total)
@@ -245,3 +254,37 @@ def test_a_transformer_encoder_with_a_dynamic_batch_lowers(x86_quantizer):
         reference = converted(x)
         step = float(reference.abs().max()) / 127
         assert float((lowered(x) - reference).abs().max()) <= 2 * step
+
+
+def test_without_vnni_full_grid_activations_are_refused_and_7_bit_ones_lowered(monkeypatch):
+    """On a CPU without VNNI (here: this machine seen as AVX2-only), a conv reading uint8
+    activations on the full 0..255 grid could overflow oneDNN's 16-bit pair sums: refused,
+    naming the node and the fix; with reduce_range (0..127) every pair fits and it lowers,
+    recording the format and why."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(288, 4))
+    batches = [torch.randn(4, 3, 8, 8) for _ in range(2)]
+    full, seven = (
+        _convert(model, batches, X86InductorQuantizer().set_global(
+            get_default_x86_inductor_quantization_config(reduce_range=r)), dynamic=False)
+        for r in (False, True)
+    )  # fmt: skip
+    assert inductor_lowering.saturating_nodes(full) == ["conv2d", "linear"]
+    assert inductor_lowering.saturating_nodes(seven) == []
+    avx2 = Machine.from_flags("x86_64", {"avx2", "fma"}, "an AVX2 CPU", cores=2)
+    monkeypatch.setattr(inductor_lowering, "machine", lambda: avx2)
+    with pytest.raises(LoweringError, match=r"AVX2.*conv2d, linear.*reduce_range=True"):
+        qviz.lower(full, (batches[0],), backend="inductor")
+    lowered = qviz.lower(seven, (batches[0],), backend="inductor")
+    assert lowered.int_format.name == "U8S8 (7-bit activations)"
+    assert "reduce_range" in lowered.int_format.why
+    assert float(_steps(lowered, seven, batches[1]).max()) <= 1
+
+
+def test_a_batch_of_one_is_a_valid_example(digits):
+    """torch specialises a traced batch of 1: the lowering traces the row twice and the
+    program takes any batch."""
+    converted, batches, _, _ = digits
+    lowered = qviz.lower(converted, (batches[0][:1],), backend="inductor")
+    for x in (batches[1][:1], batches[1][:3]):
+        assert float(_steps(lowered, converted, x).max()) <= 1, machine()
