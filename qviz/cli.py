@@ -113,13 +113,14 @@ def _quantize(args: argparse.Namespace) -> int:
         f"  saved program: float {f_size / 1024:.0f} KiB, int8 {q_size / 1024:.0f} KiB "
         f"({f_size / q_size:.1f}x smaller)"
     )
-    _lowered(model, quantized, example, test)
+    _lowered(quantized, example, test)
     print()
     return 0
 
 
-def _lowered(model: Any, quantized: Any, example: tuple, test: Any) -> None:
-    """The reference model on ExecuTorch's XNNPACK kernels: accuracy, agreement, size, speed."""
+def _lowered(quantized: Any, example: tuple, test: Any) -> None:
+    """The reference model on ExecuTorch's XNNPACK kernels: accuracy, agreement, size, and speed
+    against the same backend's float program, with the machine it ran on."""
     import qviz
     from qviz.errors import MissingDependencyError
 
@@ -135,29 +136,15 @@ def _lowered(model: Any, quantized: Any, example: tuple, test: Any) -> None:
         worst = max(worst, float((out - quantized(x)).abs().max()) / step)
         right, total = right + int((out.argmax(1) == y).sum()), total + len(y)
     counts = lowered.kernel_counts()
-    float_ms = _median_ms(model, example[0][:1])
     print(
         f"  lowered to ExecuTorch XNNPACK in {lowered.lowering_seconds:.1f} s: accuracy "
         f"{right / total:.2%}, at most {worst:.0f} output step(s) from the reference; "
         f"{counts.get('integer', 0)} operators on int8 kernels, {counts.get('float', 0)} on "
-        f"float; .pte {lowered.size_bytes / 1024:.0f} KiB; batch 1: "
-        f"{lowered.latency(1) * 1e3:.3f} ms (float eager {float_ms:.3f} ms)"
+        f"float; .pte {lowered.size_bytes / 1024:.0f} KiB"
     )
-
-
-def _median_ms(model: Any, x: Any, repeats: int = 20) -> float:
-    import statistics
-    import time
-
-    import torch
-
-    times = []
-    with torch.no_grad():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    speed = lowered.compare_speed(quantized, (1, 8))
+    print(f"  machine: {lowered.machine}; integer format {lowered.int_format.name}")
+    print("\n".join(f"  {line}" for line in speed.lines(machine=False)))
 
 
 def _user_model(spec: str) -> tuple[Any, list[Any]]:
