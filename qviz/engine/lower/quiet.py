@@ -1,11 +1,11 @@
 """Backends' routine chatter kept off the user's screen; anything that says something went wrong
 is passed on.
 
-ExecuTorch's runtime writes CPU-detection lines (``cpuinfo_utils.cpp``) from C++ straight to
-file descriptor 2, which Python's ``sys.stderr`` never sees, and importing the lowering stack
-logs a torch deprecation warning about an enum it registers. :func:`quiet` captures file
-descriptor 2 while a backend loads, drops the lines it knows to be routine, and writes the rest
-back to ``sys.stderr``; :func:`routine` is that rule.
+ExecuTorch's runtime writes CPU-detection lines (``cpuinfo_utils.cpp``) from C++ to file
+descriptor 2 (in a Jupyter kernel its bindings send them to ``sys.stderr`` instead), and
+importing the lowering stack logs a torch deprecation warning about an enum it registers.
+:func:`quiet` captures both while a backend loads, drops the lines it knows to be routine, and
+writes the rest back to ``sys.stderr``; :func:`routine` is that rule.
 
 Example:
     >>> routine("[method.cpp:1243] Error resizing tensor at input 0")
@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -56,8 +57,9 @@ class _DropRoutine(logging.Filter):
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Capture file descriptor 2 and torch's pytree log while the block runs; afterwards write
-    every line that is not :func:`routine` to ``sys.stderr``.
+    """Capture file descriptor 2, Python's ``sys.stderr`` (where ExecuTorch's bindings write
+    inside a Jupyter kernel) and torch's pytree log while the block runs; afterwards write every
+    line that is not :func:`routine` to ``sys.stderr``.
 
     Example:
         >>> with quiet():
@@ -66,30 +68,37 @@ def quiet() -> Iterator[None]:
     logger = logging.getLogger("torch.utils._pytree")
     drop = _DropRoutine()
     logger.addFilter(drop)
+    python = io.StringIO()
+    try:
+        with _fd_captured() as native, contextlib.redirect_stderr(python):
+            yield
+    finally:
+        logger.removeFilter(drop)
+        text = python.getvalue() + "\n" + native.getvalue()
+        kept = [line for line in text.splitlines() if line.strip() and not routine(line)]
+        if kept:
+            sys.stderr.write("\n".join(kept) + "\n")
+
+
+@contextlib.contextmanager
+def _fd_captured() -> Iterator[io.StringIO]:
+    """What is written to file descriptor 2 while the block runs (a StringIO filled at the
+    end); nothing where the process has no file descriptor 2."""
+    captured = io.StringIO()
     try:
         fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
         saved = os.dup(fd)
-    except (OSError, ValueError):  # no file descriptor 2 (an embedded interpreter)
-        try:
-            yield
-        finally:
-            logger.removeFilter(drop)
+    except (OSError, ValueError, AttributeError):  # an embedded interpreter
+        yield captured
         return
     with tempfile.TemporaryFile(mode="w+b") as sink:
         try:
             sys.stderr.flush()
             os.dup2(sink.fileno(), fd)
-            yield
+            yield captured
         finally:
             sys.stderr.flush()
             os.dup2(saved, fd)
             os.close(saved)
-            logger.removeFilter(drop)
             sink.seek(0)
-            kept = [
-                line
-                for line in sink.read().decode(errors="replace").splitlines()
-                if line.strip() and not routine(line)
-            ]
-            if kept:
-                sys.stderr.write("\n".join(kept) + "\n")
+            captured.write(sink.read().decode(errors="replace"))
