@@ -16,8 +16,10 @@ latency at batch 1 and 8 (2 threads), artifact size, lowering time, how many ope
 integer and on float kernels, and the largest difference from the reference model in output
 steps. Latency: every row is timed once per round, ten rounds, and its fastest round kept, so
 load from other jobs hits all rows alike and the least disturbed call counts.
-``--backends=`` picks among xnnpack, onnxruntime, inductor. The CPU flags that matter for
-int8 (AVX-512 VNNI, AMX) are printed first: other machines lack them and give other figures.
+``--backends=`` picks among xnnpack, onnxruntime, inductor. The machine's CPU class (AVX2,
+AVX-512, AVX-512 VNNI, AMX, ARM) is printed first and beside each int8-against-float ratio: each
+backend's int8 rows are compared with that backend's own float program (XNNPACK fp32 ``.pte``,
+an onnxruntime float session, Inductor with freezing), and other classes give other figures.
 """
 
 from __future__ import annotations
@@ -34,20 +36,12 @@ import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH
+from qviz.engine.lower.machine import machine
+from qviz.engine.lower.speed import lower_float
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
 BATCHES = (1, 8)
 BACKENDS = ("xnnpack", "onnxruntime", "inductor")
-
-
-def _cpu_flags() -> str:
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
-    return " ".join(f for f in wanted if f" {f}" in flags) or "none of " + " ".join(wanted)
 
 
 class Encoder(torch.nn.Module):
@@ -111,7 +105,9 @@ def _x86_quantizer():
             X86InductorQuantizer,
             get_default_x86_inductor_quantization_config,
         )
-    return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    # without VNNI oneDNN's pair sums are 16-bit: 7-bit activations, which qviz.lower takes there
+    config = get_default_x86_inductor_quantization_config(reduce_range=not machine().exact_u8s8)
+    return X86InductorQuantizer().set_global(config)
 
 
 def _convert(model: torch.nn.Module, batches: list, quantizer) -> torch.fx.GraphModule:
@@ -155,7 +151,20 @@ def _float_rows(model: torch.nn.Module, batches: list) -> list:
             (label, b, fn, x, size, None, None, None)
             for b, x in zip(BATCHES, _inputs(batches), strict=True)
         ]
-    return rows + _executorch_float_rows(model, batches[0])
+    return (
+        rows + _executorch_float_rows(model, batches[0]) + _onnxruntime_float_rows(model, batches)
+    )
+
+
+def _onnxruntime_float_rows(model: torch.nn.Module, batches: list) -> list:
+    """The float model in an onnxruntime session, the onnxruntime int8 rows' twin."""
+    start = time.perf_counter()
+    run = lower_float("onnxruntime", model, (batches[0],), True)
+    lowering = time.perf_counter() - start
+    return [
+        ("onnxruntime float", b, lambda t, run=run: run([t]), x, 0, lowering, "fp32 session", None)
+        for b, x in zip(BATCHES, _inputs(batches), strict=True)
+    ]
 
 
 def _executorch_float_rows(model: torch.nn.Module, x: torch.Tensor) -> list:
@@ -231,24 +240,23 @@ def _print(name: str, rows: list) -> None:
             f"{kernels or '':>18s} {'' if steps is None else f'{steps:.0f}'}"
         )
     ms = {(label, b): seconds for label, b, seconds, *_ in rows}
+    twins = {"xnnpack": "xnnpack float", "onnxruntime": "onnxruntime float",
+             "inductor": "float frozen"}  # fmt: skip
     for b in BATCHES:
-        int8 = ms.get(("inductor", b))
-        if int8:
-            print(
-                f"batch {b}: Inductor int8 is {ms[('float compiled', b)] / int8:.2f}x as fast as "
-                f"float compiled, {ms[('float frozen', b)] / int8:.2f}x as fast as float frozen"
-            )
-        int8 = ms.get(("xnnpack", b))
-        if int8 and ("xnnpack float", b) in ms:
-            print(
-                f"batch {b}: XNNPACK int8 is {ms[('xnnpack float', b)] / int8:.2f}x as fast as "
-                f"XNNPACK float, {ms[('float compiled', b)] / int8:.2f}x as fast as float compiled"
-            )
+        for backend, twin in twins.items():
+            int8 = ms.get((backend, b))
+            if int8 and (twin, b) in ms:
+                ratio = ms[(twin, b)] / int8
+                verdict = "" if ratio >= 1.1 else "  (int8 does not pay here)"
+                print(
+                    f"batch {b}: {backend} int8 is {ratio:.2f}x as fast as {twin} "
+                    f"[{machine().isa}]{verdict}"
+                )
 
 
 def main() -> None:
     torch.set_num_threads(2)
-    print(f"torch {torch.__version__}; CPU flags: {_cpu_flags()}; 2 threads")
+    print(f"torch {torch.__version__}; machine: {machine()}; 2 threads")
     picked = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backends=")]
     backends = tuple(picked[0].split(",")) if picked else BACKENDS
     names = [a for a in sys.argv[1:] if not a.startswith("--")]

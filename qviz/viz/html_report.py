@@ -315,11 +315,15 @@ def _page_svg(svg: str, prefix: str) -> str:
 
 
 def _lowered_section(model: Any, lowered: Any, lowering: Any) -> str:
-    """The lowered program: summary, float kernels and why, the graph with the partition drawn
+    """The lowered program: summary (with the machine, the integer format chosen for it and
+    any speed measured), float kernels and why, the graph with the partition drawn
     (coloured by steps from the reference when ``lowering`` is given) and that table."""
     for record, where in ((lowered, "lowered"), (lowering, "lowering")):
         check_fingerprint(record, model, f"report({where}=...)", what=f"the {where} record")
-    parts = [f"<p>{_esc(lowered.summary().splitlines()[0])}</p>"]
+    head = [
+        line.strip() for line in lowered.summary().splitlines() if not line.startswith("  float:")
+    ]
+    parts = ["<p>" + "<br>".join(_esc(line) for line in head) + "</p>"]
     fallbacks = lowered.float_fallbacks()
     if fallbacks:
         rows = [(r.source or r.node, r.op, r.where, r.reason) for r in fallbacks]

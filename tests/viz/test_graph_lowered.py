@@ -96,6 +96,9 @@ def test_the_report_shows_the_lowered_program_beside_the_quantization_error(lowe
     page = report(converted, tmp_path / "r.html", lowered=low, lowering=comparison).read_text()
     section = page[page.index("On real kernels (onnxruntime)") :]
     assert low.summary().splitlines()[0] in section and "integer kernel: QLinearConv" in section
+    # the machine it ran on and the integer format chosen for it, with the reason
+    assert html.escape(f"machine: {low.machine}") in section
+    assert html.escape(f"format: {low.int_format.name}: {low.int_format.why}") in section
     head = next(r for r in low.float_fallbacks() if r.source == "linear_1")
     assert "left it in float" in head.reason  # not "onnxruntime did not fuse it"
     assert "why float" in section and head.reason in html.unescape(section)

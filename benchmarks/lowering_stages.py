@@ -1,0 +1,100 @@
+"""Where the time of ``qviz.lower(..., backend="xnnpack")`` goes, cold, stage by stage.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/lowering_stages.py [digits resnet18]
+
+Each model is lowered in a fresh process (the first lowering in a process pays for importing
+ExecuTorch and for torch's first decompositions, which a user's ``make run`` or notebook pays
+too), then once more in the same process (warm). Printed per model: importing ExecuTorch,
+``torch.export``, ``to_edge_transform_and_lower`` (decompositions, partitioning, XNNPACK's own
+passes), ``to_executorch`` (serialising the ``.pte``), loading it, and ``qviz.lower``'s own
+total, cold and warm, with the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+_CHILD = r"""
+import json, sys, time
+start = time.perf_counter()
+import torch, qviz
+from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.lower.machine import machine
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+name = sys.argv[1]
+if name == "digits":
+    from qviz.data import digits_loaders, digits_model
+    model, x = digits_model(), next(iter(digits_loaders(batch_size=8).calibration))[0]
+else:
+    import torchvision
+    model, x = getattr(torchvision.models, name)(weights=None), torch.randn(8, 3, 224, 224)
+gm = qviz.export(model.eval(), (x,), dynamic_batch=True)
+config = get_symmetric_quantization_config(is_per_channel=True)
+prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+qviz.calibrate(prepared, [x], progress=False)
+converted = qviz.convert_pt2e(prepared)
+times = {}
+t = time.perf_counter()
+import executorch.exir as exir
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.runtime import Runtime
+times["import ExecuTorch"] = time.perf_counter() - t
+t = time.perf_counter()
+program = torch.export.export(converted, (x,), dynamic_shapes=dynamic_batch_shapes((x,), 64))
+times["torch.export"] = time.perf_counter() - t
+t = time.perf_counter()
+edge = exir.to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+times["to_edge_transform_and_lower"] = time.perf_counter() - t
+t = time.perf_counter()
+buffer = edge.to_executorch().buffer
+times["to_executorch"] = time.perf_counter() - t
+t = time.perf_counter()
+Runtime.get().load_program(buffer).load_method("forward")
+times["load"] = time.perf_counter() - t
+times["qviz.lower (warm)"] = qviz.lower(converted, (x,), backend="xnnpack").lowering_seconds
+print(json.dumps({"machine": str(machine()), "stages": times}))
+"""
+
+_COLD = r"""
+import sys, torch, qviz
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+name = sys.argv[1]
+if name == "digits":
+    from qviz.data import digits_loaders, digits_model
+    model, x = digits_model(), next(iter(digits_loaders(batch_size=8).calibration))[0]
+else:
+    import torchvision
+    model, x = getattr(torchvision.models, name)(weights=None), torch.randn(8, 3, 224, 224)
+gm = qviz.export(model.eval(), (x,), dynamic_batch=True)
+config = get_symmetric_quantization_config(is_per_channel=True)
+prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
+qviz.calibrate(prepared, [x], progress=False)
+print(qviz.lower(qviz.convert_pt2e(prepared), (x,), backend="xnnpack").lowering_seconds)
+"""
+
+
+def _child(code: str, name: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    return run.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    for name in sys.argv[1:] or ["digits", "resnet18"]:
+        start = time.perf_counter()
+        cold = float(_child(_COLD, name))
+        staged = json.loads(_child(_CHILD, name))
+        print(f"\n{name} on {staged['machine']}")
+        print(f"  qviz.lower (cold, first in its process): {cold:7.1f} s")
+        for stage, seconds in staged["stages"].items():
+            print(f"  {stage:40s} {seconds:7.1f} s")
+        print(f"  (measured in {time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
