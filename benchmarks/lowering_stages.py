@@ -21,7 +21,6 @@ import time
 
 _CHILD = r"""
 import json, sys, time
-start = time.perf_counter()
 import torch, qviz
 from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.lower.machine import machine
@@ -38,6 +37,9 @@ config = get_symmetric_quantization_config(is_per_channel=True)
 prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
 qviz.calibrate(prepared, [x], progress=False)
 converted = qviz.convert_pt2e(prepared)
+if sys.argv[2] == "cold":  # the first lowering in this process, as a user's first one
+    print(json.dumps(qviz.lower(converted, (x,), backend="xnnpack").lowering_seconds))
+    sys.exit(0)
 times = {}
 t = time.perf_counter()
 import executorch.exir as exir
@@ -60,35 +62,18 @@ times["qviz.lower (warm)"] = qviz.lower(converted, (x,), backend="xnnpack").lowe
 print(json.dumps({"machine": str(machine()), "stages": times}))
 """
 
-_COLD = r"""
-import sys, torch, qviz
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-name = sys.argv[1]
-if name == "digits":
-    from qviz.data import digits_loaders, digits_model
-    model, x = digits_model(), next(iter(digits_loaders(batch_size=8).calibration))[0]
-else:
-    import torchvision
-    model, x = getattr(torchvision.models, name)(weights=None), torch.randn(8, 3, 224, 224)
-gm = qviz.export(model.eval(), (x,), dynamic_batch=True)
-config = get_symmetric_quantization_config(is_per_channel=True)
-prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-qviz.calibrate(prepared, [x], progress=False)
-print(qviz.lower(qviz.convert_pt2e(prepared), (x,), backend="xnnpack").lowering_seconds)
-"""
 
-
-def _child(code: str, name: str) -> str:
-    run = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+def _child(name: str, mode: str) -> str:
+    run = subprocess.run([sys.executable, "-c", _CHILD, name, mode], capture_output=True,
+                         text=True, check=True)  # fmt: skip
     return run.stdout.strip().splitlines()[-1]
 
 
 def main() -> None:
     for name in sys.argv[1:] or ["digits", "resnet18"]:
         start = time.perf_counter()
-        cold = float(_child(_COLD, name))
-        staged = json.loads(_child(_CHILD, name))
+        cold = float(_child(name, "cold"))
+        staged = json.loads(_child(name, "stages"))
         print(f"\n{name} on {staged['machine']}")
         print(f"  qviz.lower (cold, first in its process): {cold:7.1f} s")
         for stage, seconds in staged["stages"].items():

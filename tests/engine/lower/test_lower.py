@@ -18,8 +18,8 @@ import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.lower import LoweredModel
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError, MissingDependencyError
+from tests.helpers.lowering import xnnpack_converted
 
 #: The backends that take XNNPACKQuantizer's int8 activations (inductor's oneDNN kernels take
 #: uint8: tests/engine/lower/test_lower_inductor.py).
@@ -27,11 +27,7 @@ BACKENDS = ("xnnpack", "onnxruntime")
 
 
 def _convert(model: nn.Module, batches: list, dynamic: bool = True, per_channel: bool = True):
-    gm = qviz.export(model.eval(), (batches[0],), dynamic_batch=dynamic)
-    config = get_symmetric_quantization_config(is_per_channel=per_channel)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
-    return qviz.convert_pt2e(prepared)
+    return xnnpack_converted(model, batches, dynamic, per_channel)
 
 
 @pytest.fixture(scope="module")

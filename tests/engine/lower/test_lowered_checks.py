@@ -11,24 +11,21 @@ from torch import nn
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.lower.speed import SpeedComparison, float_twin
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError, LoweringError, QvizError
+from tests.helpers.lowering import xnnpack_converted
 
 BACKENDS = ("xnnpack", "onnxruntime")
 
 
-def _convert(model: nn.Module, batches: list, dynamic: bool = True):
-    gm = qviz.export(model.eval(), (batches[0],), dynamic_batch=dynamic)
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
-    return qviz.convert_pt2e(prepared)
+@pytest.fixture(scope="session")
+def convert():
+    return xnnpack_converted
 
 
 @pytest.fixture(scope="module")
-def digits():
+def digits(convert):
     batches = [x for x, _ in digits_loaders(batch_size=36).calibration][:3]
-    return _convert(digits_model(), batches), batches
+    return convert(digits_model(), batches), batches
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -69,9 +66,9 @@ def test_a_wrong_input_is_named_before_the_runtime_sees_it(
         lowered_from_one_row(*bad(batches[0]))
 
 
-def test_a_fixed_batch_program_refuses_another_batch(digits):
+def test_a_fixed_batch_program_refuses_another_batch(digits, convert):
     _, batches = digits
-    fixed = _convert(digits_model(), batches, dynamic=False)
+    fixed = convert(digits_model(), batches, dynamic=False)
     lowered = qviz.lower(fixed, (batches[0],), backend="onnxruntime")
     with pytest.raises(ConfigError, match=r"batch 5; .*lowered for batch 36 only"):
         lowered(batches[0][:5])
@@ -95,7 +92,7 @@ def test_the_program_plans_for_max_batch_from_a_small_example(digits):
 
 
 @pytest.fixture(scope="module")
-def files(digits, tmp_path_factory):
+def files(digits, convert, tmp_path_factory):
     """The converted model's .onnx, the float model's, another model's, a corrupt one."""
     onnx = pytest.importorskip("onnx")
     converted, batches = digits
@@ -104,7 +101,7 @@ def files(digits, tmp_path_factory):
     x = batches[0]
     float_program = torch.onnx.export(digits_model().eval(), (x,), dynamo=True, verbose=False)
     onnx.save(float_program.model_proto, str(folder / "float.onnx"))
-    other = _convert(nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), batches)
+    other = convert(nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), batches)
     qviz.lower(other, (x,), backend="onnxruntime", path=folder / "other.onnx")
     (folder / "corrupt.onnx").write_bytes((folder / "digits.onnx").read_bytes()[:300])
     (folder / "notes.txt").write_text("not a model")
@@ -154,7 +151,7 @@ def test_the_float_twin_computes_the_converted_model_in_float(digits):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_speed_is_int8_against_the_same_backends_float_program(digits, backend):
+def test_speed_is_int8_against_the_same_backends_float_program(digits, convert, backend):
     converted, batches = digits
     lowered = qviz.lower(converted, (batches[0],), backend=backend)
     speed = lowered.compare_speed(converted, (1, 8), repeats=2)
@@ -165,7 +162,7 @@ def test_speed_is_int8_against_the_same_backends_float_program(digits, backend):
     summary = lowered.summary()
     assert speed.float_program in summary and "batch 8: int8" in summary
     with pytest.raises(ConfigError, match="not the model the program was lowered from"):
-        other = _convert(nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), batches[:1])
+        other = convert(nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), batches[:1])
         lowered.compare_speed(other, repeats=1)
 
 
@@ -182,7 +179,7 @@ class _Decoder(nn.Module):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_real_decoders_lower_to_xnnpack(family):
+def test_real_decoders_lower_to_xnnpack(family, convert):
     """GPT-2 (its attention's reshape after a transpose) and a Llama-shaped decoder (rotary
     embeddings, grouped-query attention), from small configs: every linear on XNNPACK's int8
     kernels, the outputs the reference's."""
@@ -199,7 +196,7 @@ def test_real_decoders_lower_to_xnnpack(family):
                                           use_cache=False)  # fmt: skip
         model = transformers.LlamaForCausalLM(config)
     ids = torch.randint(0, 64, (2, 16))
-    converted = _convert(_Decoder(model.eval()), [ids], dynamic=False)
+    converted = convert(_Decoder(model.eval()), [ids], dynamic=False)
     lowered = qviz.lower(converted, (ids,), backend="xnnpack")
     reference = converted(ids)
     assert float((lowered(ids) - reference).abs().max()) <= 0.05 * float(reference.abs().max())

@@ -29,8 +29,8 @@ from qviz.engine.lower import onnxruntime as ort_lowering
 from qviz.engine.lower import ort_format
 from qviz.engine.lower.machine import Machine, machine
 from qviz.engine.lower.ort_format import OrtFormat
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import LoweringError
+from tests.helpers.lowering import xnnpack_converted
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -119,11 +119,7 @@ class _Saturating(nn.Module):
 def _saturating(kind: str):
     shape = (4, 64) if kind == "linear" else (4, 64, 2, 2)
     calibration = [torch.ones(shape), torch.zeros(shape)]
-    gm = qviz.export(_Saturating(kind).eval(), (calibration[0],))
-    config = get_symmetric_quantization_config(is_per_channel=False)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, calibration, progress=False)
-    converted = qviz.convert_pt2e(prepared)
+    converted = xnnpack_converted(_Saturating(kind), calibration, dynamic=False, per_channel=False)
     out = next(n for n in converted.graph.nodes if n.op == "output").args[0]
     producer = out[0] if isinstance(out, (tuple, list)) else out
     step = float(producer.args[1]) if "dequantize" in str(producer.target) else None
@@ -227,7 +223,7 @@ def test_on_an_emulated_avx2_cpu_u8s8_saturates_and_the_chosen_u8u8_does_not(mon
     from qviz.data import digits_loaders, digits_model
 
     digits_x = next(iter(digits_loaders(batch_size=36).calibration))[0]
-    digits = _convert_digits(digits_model(), digits_x)
+    digits = xnnpack_converted(digits_model(), [digits_x], dynamic=False)
     cases = {"conv": (*_saturating("conv"),), "digits": (digits, digits_x, _output_step(digits))}
     pairs, files = [], {}
     for case, (converted, x, _) in cases.items():
@@ -252,14 +248,6 @@ def test_on_an_emulated_avx2_cpu_u8s8_saturates_and_the_chosen_u8u8_does_not(mon
     assert steps["conv", "U8U8"] <= 1.0001 and steps["conv", "U8S8"] > 10, steps
     assert steps["digits", "U8U8"] <= 1.0001, steps  # U8S8 there: measured 40 steps off
     print({f"{case} {name}": round(v, 1) for (case, name), v in steps.items()})
-
-
-def _convert_digits(model: nn.Module, x: torch.Tensor):
-    gm = qviz.export(model.eval(), (x,))
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, [x], progress=False)
-    return qviz.convert_pt2e(prepared)
 
 
 def _output_step(converted) -> float:
