@@ -35,8 +35,8 @@ import torchvision
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.capture import dynamic_batch_shapes
-from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH
 from qviz.engine.lower.machine import machine
+from qviz.engine.lower.records import DEFAULT_MAX_BATCH
 from qviz.engine.lower.speed import lower_float
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 

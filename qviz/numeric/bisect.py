@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH
+from qviz.engine.lower.records import DEFAULT_MAX_BATCH
 from qviz.errors import ConfigError
 from qviz.numeric.lowered import (
     _activation_quantizes,

@@ -34,10 +34,22 @@ from torch.fx import GraphModule
 from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple
 from qviz.engine.graph.stage import Stage, model_stage
-from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH, KernelRecord, LoweredModel
+from qviz.engine.lower.lowered import LoweredModel
+from qviz.engine.lower.machine import Machine, machine
+from qviz.engine.lower.records import DEFAULT_MAX_BATCH, IntegerFormat, KernelRecord
+from qviz.engine.lower.speed import SpeedComparison
 from qviz.errors import ConfigError
 
-__all__ = ["BACKENDS", "KernelRecord", "LoweredModel", "lower"]
+__all__ = [
+    "BACKENDS",
+    "IntegerFormat",
+    "KernelRecord",
+    "LoweredModel",
+    "Machine",
+    "SpeedComparison",
+    "lower",
+    "machine",
+]
 
 #: The backends :func:`lower` knows.
 BACKENDS = ("xnnpack", "onnxruntime", "inductor")

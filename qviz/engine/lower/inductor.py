@@ -42,9 +42,9 @@ from unittest import mock
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from qviz.engine.lower.lowered import IntegerFormat, KernelRecord
 from qviz.engine.lower.machine import machine
 from qviz.engine.lower.quiet import quiet
+from qviz.engine.lower.records import IntegerFormat, KernelRecord
 from qviz.errors import ConfigError, LoweringError, MissingDependencyError
 
 _ONEDNN = "oneDNN int8 kernel"

@@ -19,7 +19,6 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,54 +27,8 @@ from torch import nn
 
 from qviz.engine.graph.fingerprint import Fingerprint
 from qviz.engine.lower.machine import Machine, machine
+from qviz.engine.lower.records import KERNELS, IntegerFormat, KernelRecord
 from qviz.errors import ConfigError
-
-#: The kernel kinds a record names.
-KERNELS = ("integer", "float", "quantize", "data")
-#: The largest batch ``qviz.lower`` plans a dynamic-batch ``"xnnpack"`` program for by default.
-DEFAULT_MAX_BATCH = 64
-
-
-@dataclass(frozen=True)
-class IntegerFormat:
-    """The integer format a lowering chose for the machine it ran on, and why.
-
-    Attributes:
-        name: e.g. ``"U8S8"`` (uint8 activations x int8 weights), ``"U8U8"``, ``"QS8"``.
-        why: the reason, naming the machine class.
-
-    Example:
-        >>> IntegerFormat("U8U8", "no VNNI here").name
-        'U8U8'
-    """
-
-    name: str
-    why: str
-
-
-@dataclass(frozen=True)
-class KernelRecord:
-    """One operator of a lowered program.
-
-    Attributes:
-        node: its name in the lowered program (an ONNX node, an ExecuTorch graph node).
-        op: its operator (``QLinearConv``, ``aten.convolution.default``, ...).
-        kernel: ``"integer"`` (an int8 kernel computes it), ``"float"`` (a float kernel),
-            ``"quantize"`` (a quantize / dequantize boundary) or ``"data"`` (moves or reshapes
-            data, in whichever dtype it is given).
-        where: what runs it (``"onnxruntime CPU"``, ``"XNNPACK delegate 0"``, ``"ExecuTorch
-            portable kernels"``).
-        reason: why a compute operator stayed float ("" otherwise).
-        source: the converted model's node it computes (``"conv2d"``), read from the names and
-            provenance the lowering kept; "" where the backend kept none.
-    """
-
-    node: str
-    op: str
-    kernel: str
-    where: str = ""
-    reason: str = ""
-    source: str = ""
 
 
 class LoweredModel(nn.Module):

@@ -24,8 +24,6 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Machine", "machine"]
-
 #: The x86 flags that decide integer kernels, in the order :meth:`Machine.describe` lists them.
 _X86_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
               "amx_tile", "amx_int8")  # fmt: skip

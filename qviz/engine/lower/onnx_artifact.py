@@ -21,8 +21,6 @@ import torch
 
 from qviz.errors import ConfigError
 
-__all__ = ["check_artifact"]
-
 #: ONNX element types by torch dtype (those a quantized model's inputs and outputs take).
 _ELEMENT = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7,
             torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}  # fmt: skip

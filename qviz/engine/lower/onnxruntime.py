@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
-from qviz.engine.lower.lowered import KernelRecord
 from qviz.engine.lower.ort_format import PRECISION_MODE, choose, uint8_weights
+from qviz.engine.lower.records import KernelRecord
 from qviz.errors import LoweringError
 
 _WHERE = "onnxruntime CPU"

@@ -26,8 +26,6 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OrtFormat", "choose", "exact", "probe_model", "uint8_weights"]
-
 #: onnxruntime's session option that makes its x86 U8S8 kernels compute as U8U8 (documented in
 #: its session options' config keys; effective only on the CPUs that overflow).
 PRECISION_MODE = "session.x64quantprecision"

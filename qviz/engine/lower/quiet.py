@@ -27,8 +27,6 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["quiet", "routine"]
-
 #: Lines that are routine whatever words they hold: torch's note that an enum registered as a
 #: pytree constant is now natively supported (it says "will be an error in a future release").
 #: And ExecuTorch's probe for ARM identification files, absent on x86 ("Failed to open midr

@@ -25,8 +25,6 @@ from torch.fx import GraphModule, Node
 
 from qviz.errors import ConfigError
 
-__all__ = ["SpeedComparison", "SpeedRow", "compare_speed", "float_twin", "lower_float"]
-
 #: What each backend's float program is, in words.
 FLOAT_PROGRAM = {
     "xnnpack": "XNNPACK fp32 .pte",

@@ -34,9 +34,9 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
-from qviz.engine.lower.lowered import DEFAULT_MAX_BATCH, IntegerFormat, KernelRecord
 from qviz.engine.lower.machine import machine
 from qviz.engine.lower.quiet import quiet
+from qviz.engine.lower.records import DEFAULT_MAX_BATCH, IntegerFormat, KernelRecord
 from qviz.errors import ConfigError, MissingDependencyError
 
 _PORTABLE = "ExecuTorch portable kernels"
