@@ -35,7 +35,7 @@ from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple
 from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.lower.lowered import LoweredModel
-from qviz.engine.lower.machine import Machine, machine
+from qviz.engine.lower.machine import Machine
 from qviz.engine.lower.records import DEFAULT_MAX_BATCH, IntegerFormat, KernelRecord
 from qviz.engine.lower.speed import SpeedComparison
 from qviz.errors import ConfigError
@@ -48,7 +48,6 @@ __all__ = [
     "Machine",
     "SpeedComparison",
     "lower",
-    "machine",
 ]
 
 #: The backends :func:`lower` knows.
