@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
-from qviz.engine.lower.ort_format import PRECISION_MODE, choose, uint8_weights
-from qviz.engine.lower.records import KernelRecord
+from qviz.engine.lower.ort_format import PRECISION_MODE, OrtFormat, choose, uint8_weights
+from qviz.engine.lower.records import IntegerFormat, KernelRecord
 from qviz.errors import LoweringError
 
 _WHERE = "onnxruntime CPU"
@@ -351,7 +351,7 @@ def lower_onnxruntime(
             f"on this machine ({machine()}): {fmt.why}; lower with backend='xnnpack'"
         )
     model = onnx.load(str(target))
-    session, graph = _session(ort, onnx, target, fmt.precision_mode)
+    session, graph, fmt = _loaded(ort, onnx, target, fmt)
     produced = {out: node.op_type for node in graph.node for out in node.output}
     records = classify(list(graph.node), produced, fx_names(model, converted))
     artifact = target.read_bytes()
@@ -363,14 +363,39 @@ def lower_onnxruntime(
         feed = {n: x.numpy() for n, x in zip(names, inputs, strict=True)}
         return [torch.from_numpy(o) for o in session.run(None, feed)]
 
-    run.int_format = fmt  # type: ignore[attr-defined]
+    mode = " (onnxruntime's precision mode)" if fmt.precision_mode else ""
+    run.int_format = IntegerFormat(f"{fmt.name}{mode}", fmt.why)  # type: ignore[attr-defined]
     return run, records, artifact, (None if folder is not None else target)
+
+
+def _loaded(ort: Any, onnx: Any, target: Path, fmt: OrtFormat) -> tuple[Any, Any, OrtFormat]:
+    """The session, its optimised graph and the format it runs: a given file in onnxruntime's
+    precision mode, or, where that mode cannot load it (onnxruntime 1.32 fails on weights that
+    share a zero point, as qviz's own exports do: measured on an emulated AVX2 CPU), the same file with its weights restated as uint8, run as U8U8; the
+    file itself is left as it was."""
+    if not fmt.precision_mode:
+        return (*_session(ort, onnx, target, False), fmt)
+    try:
+        return (*_session(ort, onnx, target, True), fmt)
+    except LoweringError:
+        restated = onnx.load(str(target))
+        uint8_weights(restated)
+        copy = target.with_name(target.stem + ".u8u8.onnx")
+        onnx.save(restated, str(copy))
+        try:
+            session, graph = _session(ort, onnx, copy, False)
+        finally:
+            copy.unlink(missing_ok=True)
+        why = f"{fmt.why.split(': the given file')[0]}: the given file's weights restated as uint8"
+        return session, graph, OrtFormat("U8U8", False, True, why)
 
 
 def _session(ort: Any, onnx: Any, target: Path, precision_mode: bool) -> tuple[Any, Any]:
     """An optimised CPU session of ``target`` and the graph it runs (saved and read back)."""
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: not the optimiser's notes on each session
+    # errors only, not the optimiser's notes; in the precision mode not even those: its failure
+    # to load a file (onnxruntime 1.32, weights sharing a zero point) is handled by the caller
+    options.log_severity_level = 4 if precision_mode else 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if precision_mode:
         options.add_session_config_entry(PRECISION_MODE, "1")

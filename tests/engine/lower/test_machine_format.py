@@ -182,6 +182,31 @@ def test_u8u8_lowering_agrees_and_states_uint8_weights(monkeypatch, tmp_path):
     assert float((lowered(x) - converted(x)).abs().max()) <= step * 1.0001
 
 
+def test_a_given_file_that_precision_mode_cannot_load_runs_restated_as_u8u8(monkeypatch, tmp_path):
+    """On a machine whose U8S8 kernels overflow, a given file runs in onnxruntime's precision
+    mode; where that mode fails to load it, the file's weights are restated as uint8 in a copy
+    (the file is left as it was) and the lowering records U8U8."""
+    converted, x, step = _saturating("conv")
+    qviz.lower(converted, (x,), backend="onnxruntime", path=tmp_path / "given.onnx")
+    given = (tmp_path / "given.onnx").read_bytes()
+    fmt = OrtFormat(
+        "U8U8", True, True, "U8S8 overflows here: the given file runs in precision mode"
+    )
+    monkeypatch.setattr(ort_lowering, "choose", lambda *a, **k: fmt)
+    real = ort_lowering._session
+
+    def no_precision_mode(ort_module, onnx_module, target, precision_mode):
+        if precision_mode:
+            raise LoweringError("onnxruntime could not load the program in its precision mode")
+        return real(ort_module, onnx_module, target, precision_mode)
+
+    monkeypatch.setattr(ort_lowering, "_session", no_precision_mode)
+    lowered = qviz.lower(converted, (x,), backend="onnxruntime", artifact=tmp_path / "given.onnx")
+    assert lowered.int_format.name == "U8U8" and "restated as uint8" in lowered.int_format.why
+    assert lowered.artifact == given == (tmp_path / "given.onnx").read_bytes()
+    assert float((lowered(x) - converted(x)).abs().max()) <= step * 1.0001
+
+
 _EMULATED = """
 import importlib.util, json, sys
 import numpy as np, onnxruntime as ort
