@@ -370,9 +370,10 @@ def lower_onnxruntime(
 
 def _loaded(ort: Any, onnx: Any, target: Path, fmt: OrtFormat) -> tuple[Any, Any, OrtFormat]:
     """The session, its optimised graph and the format it runs: a given file in onnxruntime's
-    precision mode, or, where that mode cannot load it (onnxruntime 1.32 fails on weights that
-    share a zero point, as qviz's own exports do: measured on an emulated AVX2 CPU), the same file with its weights restated as uint8, run as U8U8; the
-    file itself is left as it was."""
+    precision mode or, where that mode cannot load it (onnxruntime 1.32 fails on weights
+    sharing a zero point, as qviz's own exports do: measured on an emulated AVX2 CPU), the same
+    file with its weights restated as uint8 in a copy, run as U8U8; the file is left as it was.
+    """
     if not fmt.precision_mode:
         return (*_session(ort, onnx, target, False), fmt)
     try:
