@@ -407,3 +407,34 @@ def example_tuple(example_inputs: Any, where: str = "") -> tuple[Any, ...]:
             f"{type(example_inputs).__name__}: wrap a single input as (x,)"
         )
     return example_inputs
+
+
+def rows_repeated(inputs: tuple[Any, ...], rows: int) -> tuple[Any, ...]:
+    """``inputs`` with each batched tensor's rows repeated in turn to ``rows`` rows (cut where it
+    has more); scalars and 0-d tensors as given.
+
+    Example:
+        >>> rows_repeated((torch.tensor([[1], [2]]), 0.5), 3)[0].flatten().tolist()
+        [1, 2, 1]
+    """
+    return tuple(
+        x[torch.arange(rows) % x.shape[0]] if isinstance(x, torch.Tensor) and x.dim() else x
+        for x in inputs
+    )
+
+
+def traced_example(example_inputs: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:
+    """The example the backend traces: a dynamic batch of 1 becomes a batch of 2 (its rows
+    repeated), since torch specialises sizes 0 and 1; anything else as given.
+
+    Example:
+        >>> traced_example((torch.ones(1, 3),), dynamic=True)[0].shape
+        torch.Size([2, 3])
+    """
+    if not dynamic:
+        return example_inputs
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 0:
+            raise ConfigError(f"lower: example input {i} has batch 0; give at least one row")
+    batch = next((x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor) and x.dim()), 2)
+    return rows_repeated(example_inputs, 2) if batch < 2 else example_inputs

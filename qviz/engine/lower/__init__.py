@@ -32,7 +32,7 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine.graph.fingerprint import fingerprint
-from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple
+from qviz.engine.graph.inputs import batch_and_dtype, check_inputs, example_tuple, traced_example
 from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.lower.lowered import LoweredModel
 from qviz.engine.lower.machine import Machine
@@ -128,22 +128,6 @@ def _max_batch(max_batch: Any) -> int:
     return max_batch
 
 
-def _traced_example(example_inputs: tuple[Any, ...], dynamic: bool) -> tuple[Any, ...]:
-    """The example the backend traces: a dynamic batch of 1 becomes a batch of 2 (its rows
-    repeated), since torch specialises sizes 0 and 1; anything else as given."""
-    if not dynamic:
-        return example_inputs
-    for i, x in enumerate(example_inputs):
-        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 0:
-            raise ConfigError(f"lower: example input {i} has batch 0; give at least one row")
-    return tuple(
-        x[torch.arange(2) % x.shape[0]]
-        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] < 2
-        else x
-        for x in example_inputs
-    )
-
-
 def lower(
     converted: GraphModule,
     example_inputs: tuple[Any, ...] | torch.Tensor,
@@ -203,7 +187,7 @@ def lower(
     given = _given(artifact, backend)
     max_batch = _max_batch(max_batch)
     dynamic = (first := batch_and_dtype(converted)) is not None and first[0] is None
-    traced = _traced_example(example_inputs, dynamic)
+    traced = traced_example(example_inputs, dynamic)
     if given is not None:
         from qviz.engine.lower.onnx_artifact import check_artifact
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from qviz.engine.graph.fingerprint import Fingerprint
+from qviz.engine.graph.inputs import rows_repeated
 from qviz.engine.lower.machine import Machine, machine
 from qviz.engine.lower.records import KERNELS, IntegerFormat, KernelRecord
 from qviz.errors import ConfigError
@@ -232,10 +233,7 @@ class LoweredModel(nn.Module):
                 f"only; export the float model with qviz.export(..., dynamic_batch=True), "
                 f"quantize and lower that, or leave batch out"
             )
-        return tuple(
-            x[torch.arange(batch) % x.shape[0]] if isinstance(x, torch.Tensor) and x.dim() else x
-            for x in self._example
-        )
+        return rows_repeated(self._example, batch)
 
     def summary(self) -> str:
         """One line per kind of kernel, the machine and the integer format chosen for it, the

@@ -205,13 +205,9 @@ def compare_speed(lowered: Any, converted: GraphModule, batches: tuple[int, ...]
             "compare_speed(converted=...): this is not the model the program was lowered from "
             "(its fingerprint differs): pass the converted model given to qviz.lower"
         )
-    example = lowered._inputs_at(None)
-    twin_example = tuple(
-        x[torch.arange(max(2, x.shape[0])) % x.shape[0]]
-        if lowered.dynamic_batch and isinstance(x, torch.Tensor) and x.dim()
-        else x
-        for x in example
-    )
+    from qviz.engine.graph.inputs import traced_example
+
+    twin_example = traced_example(lowered._inputs_at(None), lowered.dynamic_batch)
     float_run = lower_float(lowered.backend, float_twin(converted), twin_example,
                             lowered.dynamic_batch)  # fmt: skip
     rows = []

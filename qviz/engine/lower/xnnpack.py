@@ -34,6 +34,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.capture import dynamic_batch_shapes
+from qviz.engine.graph.inputs import rows_repeated
 from qviz.engine.lower.machine import machine
 from qviz.engine.lower.quiet import quiet
 from qviz.engine.lower.records import DEFAULT_MAX_BATCH, IntegerFormat, KernelRecord
@@ -312,10 +313,7 @@ def _planning_example(example_inputs: tuple[Any, ...], max_batch: int) -> tuple[
     ``max_batch``), so that ExecuTorch plans memory for ``max_batch`` rather than 15."""
     batch = next(x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor) and x.dim())
     rows = min(max_batch, max(batch, _PLANNED_FROM))
-    return tuple(
-        x[torch.arange(rows) % x.shape[0]] if isinstance(x, torch.Tensor) and x.dim() else x
-        for x in example_inputs
-    )
+    return rows_repeated(example_inputs, rows)
 
 
 def lower_xnnpack(
