@@ -19,6 +19,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NEWEST       := .venv-newest
 NEWEST_STAMP := $(NEWEST)/.qviz-installed
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; a test file stays on one worker, so a
+# module's fixtures are built once), each with one torch thread: on CI's 2 cores this halves
+# the Python-bound part of the run. `make test TEST_WORKERS=0` runs it in this one process.
+TEST_WORKERS ?= 2
+PYTEST_ARGS  := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 .PHONY: run test test-newest lint bench system-deps clean
 
 $(STAMP): pyproject.toml
@@ -76,11 +82,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check qviz tests benchmarks
 
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-newest: $(NEWEST_STAMP) system-deps
 	$(NEWEST)/bin/python -c "import torch, torchvision, torchao; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'torchao', torchao.__version__)"
-	$(NEWEST)/bin/python -m pytest
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(NEWEST)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/calibrators.py

@@ -22,6 +22,7 @@ __all__ = [
     "ConfigError",
     "ExportedModeError",
     "LoweringError",
+    "MeasurementError",
     "MissingDependencyError",
     "OnnxExportError",
     "QuantizationError",
@@ -62,6 +63,12 @@ class LoweringError(QvizError, RuntimeError):
     """A converted model cannot be put on a backend's kernels as asked: the backend's compiler
     failed, or this machine's kernels would not compute the model's integer format exactly (the
     message names the operator or the machine class, and the other way to lower it)."""
+
+
+class MeasurementError(QvizError, ValueError):
+    """A figure the numeric suite measured is not a number to decide on (NaN, or infinite
+    without an exact match behind it): ranking, the precision search and repair refuse it,
+    naming the figure, the model it was measured on, why it is not a number and the fix."""
 
 
 class MissingDependencyError(QvizError, ImportError):

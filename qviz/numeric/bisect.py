@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from qviz.engine.graph.inputs import measured_batches
 from qviz.engine.lower.records import DEFAULT_MAX_BATCH
 from qviz.errors import ConfigError
 from qviz.numeric.lowered import (
@@ -62,6 +63,7 @@ from qviz.numeric.lowered import (
     _session_with_quantize_outputs,
     _tally,
     check_lowered,
+    check_tolerance,
 )
 
 #: How each backend's probe shows one tensor of the lowered program.
@@ -366,8 +368,7 @@ def _check(converted: Any, lowered: Any, tolerance: Any) -> None:
             f"{lowered.backend!r} (it probes {', '.join(map(repr, _PROBES))}): use "
             f"compare_lowered(converted, lowered, data), which compares the model outputs"
         )
-    if not isinstance(tolerance, int) or isinstance(tolerance, bool) or tolerance < 0:
-        raise ConfigError(f"bisect_lowering(tolerance={tolerance!r}): give an int >= 0 (steps)")
+    check_tolerance(tolerance, "bisect_lowering")
 
 
 def _refuted_note(
@@ -432,10 +433,10 @@ def bisect_lowering(
     """
     _check(converted, lowered, tolerance)
     order = _activation_quantizes(converted)
-    batches = list(_bound_batches(converted, data, max_batches))
-    if not order or not batches:
-        missing = "batches in `data`" if order else "activation quantize operators"
-        raise ConfigError(f"bisect_lowering: there are no {missing} to compare")
+    data = measured_batches(data, "bisect_lowering", max_batches=max_batches)  # finite, some
+    batches = list(_bound_batches(converted, data, None))
+    if not order:
+        raise ConfigError("bisect_lowering: there are no activation quantize operators to compare")
     below, near, outputs = _ancestry(converted, order)
     probe = _PROBES[lowered.backend](lowered, order, batches[0])
     probes = _Probes(converted, order, probe, batches, tolerance)

@@ -58,7 +58,8 @@ from torch.fx.node import map_arg
 from qviz.engine import distributed
 from qviz.engine.compat import OpOverload, quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
-from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.engine.graph.fingerprint import check_lineage
+from qviz.engine.graph.inputs import batches_of, bind_batch, check_finite
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.engine.graph.stage import Stage, check_stage, model_stage
@@ -406,6 +407,7 @@ def _check_models(float_model: Any, quantized_model: Any) -> Stage:
     stage = check_stage(quantized_model, (Stage.CONVERTED, Stage.QUANT_NN), where=where,
                         arg="quantized_model")  # fmt: skip
     check_stage(float_model, Stage.FLOAT, where=where, arg="float_model")
+    check_lineage(float_model, quantized_model, where)  # another model's float: refused
     return stage
 
 
@@ -451,10 +453,7 @@ class _Measured:
 
 
 def _report(rows: list[_Row], measured: _Measured) -> NumericReport:
-    totals = measured.totals
-    return NumericReport.from_rows(
-        rows, totals.outputs, totals.metric_value, totals.count, totals.samples
-    )
+    return NumericReport.from_rows(rows, **measured.totals.figures())
 
 
 def _measure_shard(
@@ -486,6 +485,7 @@ def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
 
     with torch.no_grad():
         for index, batch in enumerate(progress_bar(batches, progress, "compare")):
+            check_finite(batch, f"compare: batch {index}")  # a NaN input is named, not measured
             bound = bind_batch(qgm, batch, f"compare: batch {index}")
             float_run = _FloatRun(fgm, float_handles, wanted)
             float_out = float_run.run(*bound.args)
@@ -493,6 +493,7 @@ def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
             del float_run
             out = single(float_out), single(quant_out)
             value = metric_value(metric, *out, bound.target, f"compare: batch {index}")
-            totals.add(float_out, quant_out, batch_size(bound.args), value)
+            totals.add(float_out, quant_out, batch_size(bound.args), value,
+                       f"compare: batch {index}")  # fmt: skip
     stats = [(r.cumulative, r.local, r.grid, r.slices) for r in rows]
     return _Measured(stats, totals, tuple(r.node.name for r in rows))

@@ -48,7 +48,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.inputs import batch_errors, batches_of, bind_batch
+from qviz.engine.graph.inputs import batch_errors, batches_of, bind_batch, check_finite
 from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.qparams import quant_range, symmetric_scale
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
@@ -416,6 +416,7 @@ def _run(
     totals = OutputTotals.for_metric(metric)
     for index, batch in enumerate(progress_bar(batches_of(data, "compare"), progress, "compare")):
         where = f"compare: batch {index}"
+        check_finite(batch, where)  # a NaN input is named, not measured
         bound = bind_batch(quantized_model, batch, where)
         hooks.new_batch()
         with batch_errors(where), hooks.installed("float"):
@@ -425,7 +426,7 @@ def _run(
             quant_out = quantized_model(*bound.args, **bound.kwargs)
         value = metric_value(metric, single(float_out), single(quant_out), bound.target, where)
         size = batch_size((*bound.args, *bound.kwargs.values()))
-        totals.add(float_out, quant_out, size, value)
+        totals.add(float_out, quant_out, size, value, where)
     if totals.count == 0 and not empty_ok:
         raise ConfigError("compare needs at least one batch of data")
     return totals

@@ -65,12 +65,13 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
-from qviz.engine.graph.fingerprint import Fingerprint
-from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.engine.graph.fingerprint import Fingerprint, check_converted_from
+from qviz.engine.graph.inputs import bind_batch, measured_batches
 from qviz.engine.graph.node_data import op_name
-from qviz.engine.graph.stage import Stage, check_stage
+from qviz.engine.graph.stage import Stage, check_stage, is_observer
+from qviz.engine.pt2e.convert import saw_no_data
 from qviz.engine.pt2e.plan import require_plan
-from qviz.errors import ConfigError, closest_names
+from qviz.errors import CalibrationError, ConfigError, closest_names
 from qviz.numeric.diagnose_rules import CAUSE_COLOURS, RULES, Cause, Context, Prescription
 
 #: The most a finding's severity shows (dB below the threshold), so a graph's scale stays useful.
@@ -272,13 +273,11 @@ def _activations(ctx: Context, poor: list[str]) -> set[str]:
     return wanted
 
 
-def _measure_channels(ctx: Context, poor: list[str], data: Any, max_batches: int) -> None:
-    """Fill ``ctx.channel_amax`` from up to ``max_batches`` batches of ``data``."""
+def _measure_channels(ctx: Context, poor: list[str], batches: list[Any]) -> None:
+    """Fill ``ctx.channel_amax`` from ``batches``."""
     run = _ChannelRanges(ctx.prepared, set(ctx.observers), _activations(ctx, poor))
     with torch.no_grad():
-        for index, batch in enumerate(batches_of(data, "diagnose")):
-            if index >= max_batches:
-                break
+        for index, batch in enumerate(batches):
             run.run(*bind_batch(ctx.prepared, batch, f"diagnose: batch {index}").args)
     ctx.channel_amax = run.amax
 
@@ -302,6 +301,13 @@ def _check(report: Any, prepared: Any, data: Any, numbers: dict[str, Any]) -> No
             f"{type(report).__name__}"
         )
     check_stage(prepared, Stage.PREPARED, where="diagnose", arg="prepared")
+    observers = [m for m in prepared.modules() if is_observer(m)]
+    if observers and all(saw_no_data(m) for m in observers):
+        raise CalibrationError(
+            "diagnose(prepared=...): no observer of this prepared model has seen data: pass the "
+            "calibrated prepared model the report's quantized model was converted from"
+        )
+    check_converted_from(report, prepared, "diagnose(prepared=...)")
     for key, value in numbers.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ConfigError(f"diagnose({key}={value!r}): give a positive number")
@@ -366,8 +372,10 @@ def diagnose(
     ctx = Context(rows, prepared, plan, float(threshold_db), float(outlier_factor))
     worst = {name: _worst_figure(row) for name, row in rows.items()}
     poor = [name for name, (_, value) in worst.items() if value < threshold_db]
-    if data is not None and poor:
-        _measure_channels(ctx, poor, data, int(max_batches))
+    if data is not None:  # finite, at least one batch: checked whether or not a layer is poor
+        data = measured_batches(data, "diagnose", max_batches=max_batches)
+        if poor:
+            _measure_channels(ctx, poor, data)
     findings = sorted((_finding(ctx, name, *worst[name]) for name in poor),
                       key=lambda f: -f.severity)  # fmt: skip
     return Diagnosis(tuple(findings), float(threshold_db), getattr(report, "fingerprint", None),

@@ -11,8 +11,9 @@ reference computes (one step is the rounding an integer kernel's requantization 
 Granularity per backend: ``"onnxruntime"``, every quantized tensor (each QuantizeLinear's output
 becomes an output of the optimised session, whose fused kernels keep those names).
 ``"xnnpack"``: ExecuTorch runs a delegate as one call, so only the model's outputs can be
-compared (:func:`compare_lowered` says so and compares those); ``"inductor"`` likewise (fused
-oneDNN kernels keep no intermediate tensors). An output that is a dequantize is measured in
+compared (:func:`compare_lowered` says so and compares those, a row per floating-point leaf:
+each tensor of a tuple, a Hugging Face ``ModelOutput``'s logits ...); ``"inductor"`` likewise
+(fused oneDNN kernels keep no intermediate tensors). An output that is a dequantize is measured in
 steps of its grid; a float output (X86InductorQuantizer leaves the last layer's output float) in
 steps of an 8-bit grid over its range, ``max |output| / 127``.
 
@@ -39,9 +40,11 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
-from qviz.engine.graph.fingerprint import fingerprint
-from qviz.engine.graph.inputs import batches_of, bind_batch
-from qviz.errors import ConfigError
+from qviz.engine.graph.fingerprint import check_lineage, check_same_model
+from qviz.engine.graph.inputs import batches_of, bind_batch, measured_batches
+from qviz.engine.graph.stage import Stage, check_stage
+from qviz.errors import ConfigError, MeasurementError
+from qviz.numeric.batches import output_leaves, output_pairs
 
 _QUANTIZE = ("quantize_per_tensor", "quantize_per_channel")
 
@@ -66,6 +69,9 @@ class LoweringComparison:
     granularity: str
     tolerance: int = 1
     fingerprint: Any = None
+
+    def __post_init__(self) -> None:
+        check_tolerance(self.tolerance, "LoweringComparison")
 
     def graph_metric(self) -> tuple[dict[str, float], str, bool, tuple[float, float]]:
         """What ``qviz.viz.graph(converted, metrics=comparison)`` draws: each quantized op's
@@ -93,14 +99,40 @@ class LoweringComparison:
         """The first row (in graph order) more than ``tolerance`` steps from the reference."""
         return next((r for r in self.rows if r["max_steps"] > self.tolerance), None)
 
-    def __repr__(self) -> str:
+    @property
+    def summary(self) -> str:
+        """One line read from the rows: the first departure and how many tensors depart, or
+        that none does, with the largest difference and the tolerance it was read against.
+
+        Example:
+            >>> row = {"tensor": "q", "op": "conv2d", "elements": 4, "differing": 1,
+            ...        "share": 0.25, "max_steps": 3}
+            >>> LoweringComparison((row,), "onnxruntime", "per tensor", tolerance=4).summary
+            'no tensor more than 4 steps from the reference (largest: 3 steps, conv2d)'
+            >>> LoweringComparison((row,), "onnxruntime", "per tensor").summary
+            'first departure: conv2d (3 steps); 1 of 1 tensors more than 1 step away'
+        """
+        if not self.rows:
+            return "nothing compared"
+        steps = "step" if self.tolerance == 1 else "steps"
         first = self.first_departure
-        where = (
-            f"first departure: {first['op']} ({first['max_steps']} steps)"
-            if first
-            else ("no tensor more than one step from the reference")
+        if first is not None:
+            departing = sum(1 for r in self.rows if r["max_steps"] > self.tolerance)
+            return (
+                f"first departure: {first['op']} ({first['max_steps']} steps); {departing} of "
+                f"{len(self.rows)} tensors more than {self.tolerance} {steps} away"
+            )
+        top = max(self.rows, key=lambda r: r["max_steps"])
+        return (
+            f"no tensor more than {self.tolerance} {steps} from the reference (largest: "
+            f"{top['max_steps']} steps, {top['op'] if top['op'] != 'output' else top['tensor']})"
         )
-        return f"LoweringComparison({self.backend}, {len(self.rows)} tensors {self.granularity}; {where})"  # noqa: E501
+
+    def __repr__(self) -> str:
+        return (
+            f"LoweringComparison({self.backend}, {len(self.rows)} tensors {self.granularity}; "
+            f"{self.summary})"
+        )
 
 
 class _Recorder(Interpreter):
@@ -203,8 +235,12 @@ def compare_lowered(
         ['tensor', 'op', 'elements', 'differing', 'share', 'max_steps']
     """
     check_lowered(converted, lowered, "compare_lowered")
-    if float_model is not None:  # both comparisons read the same batches
-        data = list(_limited(batches_of(data, "compare_lowered"), max_batches))
+    check_tolerance(tolerance, "compare_lowered")
+    if float_model is not None:
+        check_stage(float_model, Stage.FLOAT, where="compare_lowered", arg="float_model")
+        check_lineage(float_model, converted, "compare_lowered(float_model=...)")
+    # finite, at least one, and the same batches for both comparisons
+    data = measured_batches(data, "compare_lowered", max_batches=max_batches)
     if lowered.backend != "onnxruntime":
         result = _compare_outputs(converted, lowered, data, tolerance, max_batches)
     else:
@@ -224,18 +260,23 @@ def check_lowered(converted: GraphModule, lowered: Any, where: str) -> None:
     """
     if getattr(lowered, "artifact", None) is None or not hasattr(lowered, "backend"):
         raise ConfigError(f"{where} needs what qviz.lower returned, got {type(lowered).__name__}")
-    if lowered.fingerprint != fingerprint(converted):
-        raise ConfigError(
-            f"{where}: this lowered model was lowered from another model than `converted` "
-            f"(their fingerprints differ); pass the converted model you lowered"
-        )
+    check_stage(converted, Stage.CONVERTED, where=where, arg="converted")  # before it runs
+    check_same_model(
+        lowered.fingerprint, converted, f"{where}(converted=...)", what="the lowered program"
+    )
 
 
-def _limited(batches: Any, most: int | None) -> Any:
-    for i, batch in enumerate(batches):
-        if most is not None and i >= most:
-            return
-        yield batch
+def check_tolerance(tolerance: Any, where: str) -> None:
+    """``tolerance`` (steps a tensor may differ by) is an int >= 0, else a ConfigError.
+
+    Example:
+        >>> check_tolerance(-1, "compare_lowered")
+        Traceback (most recent call last):
+        ...
+        qviz.errors.ConfigError: compare_lowered(tolerance=-1): give an int >= 0 (steps)
+    """
+    if not isinstance(tolerance, int) or isinstance(tolerance, bool) or tolerance < 0:
+        raise ConfigError(f"{where}(tolerance={tolerance!r}): give an int >= 0 (steps)")
 
 
 def _beside(
@@ -256,8 +297,8 @@ def _beside(
     for row in result.rows:
         nan = float("nan")
         local, cumulative = sqnr.get(row["op"], (nan, nan))
-        if row["op"] == "output":
-            cumulative = float(report.output_sqnr)
+        if row["op"] == "output":  # one output: the outputs' figure; several: the leaf's
+            cumulative = report.output_leaves.get(row["tensor"], float(report.output_sqnr))
         rows.append(dict(row, local_sqnr=local, cumulative_sqnr=cumulative))
     return replace(result, rows=tuple(rows))
 
@@ -315,31 +356,64 @@ def _row(tensor: str, op: str, elements: int, differing: int, max_steps: int) ->
             "share": share, "max_steps": max_steps}  # fmt: skip
 
 
-def _output_step(converted: GraphModule) -> float | None:
-    """One step of the output's grid when the output is a dequantize (the last layer's output
-    quantized, as XNNPACKQuantizer does); None when the output is float (X86InductorQuantizer
-    leaves the last layer's output float)."""
+def _output_steps(converted: GraphModule) -> list[float | None]:
+    """Per output of the graph (flattened, in order): one step of its grid when it is a
+    dequantize (the last layer's output quantized, as XNNPACKQuantizer does); None when it is
+    float (X86InductorQuantizer leaves the last layer's output float)."""
     out = next(n for n in converted.graph.nodes if n.op == "output").args[0]
-    last = out[0] if isinstance(out, (tuple, list)) else out
-    if "dequantize_per_tensor" in str(getattr(last, "target", "")):
-        if isinstance(last.args[1], float):
-            return last.args[1]
-    return None
+    steps: list[float | None] = []
+    for node in out if isinstance(out, (tuple, list)) else [out]:
+        step = None
+        if "dequantize_per_tensor" in str(getattr(node, "target", "")):
+            step = node.args[1] if isinstance(node.args[1], float) else None
+        steps.append(step)
+    return steps
+
+
+def _steps_from_reference(
+    ours: torch.Tensor, theirs: torch.Tensor, step: float | None, where: str
+) -> torch.Tensor:
+    """``|theirs - ours|`` in steps of the output's grid (a float output: of an 8-bit grid over
+    its finite range); the same infinity on both sides (a mask) is no difference.
+
+    Raises:
+        MeasurementError: the lowered program gives NaN or an infinity where the reference
+            does not: no step count measures that.
+    """
+    same = torch.isinf(ours) & (theirs == ours)
+    finite = torch.isfinite(ours) & torch.isfinite(theirs)
+    odd = int((~finite & ~same).sum())
+    if odd:
+        raise MeasurementError(
+            f"{where}: {odd} element(s) are NaN or infinite in one of the reference's and the "
+            f"lowered program's outputs and not the same in the other's: no number of steps "
+            f"measures that; find where the programs part with qviz.numeric.bisect_lowering"
+        )
+    if step is None:
+        top = float(ours[finite].abs().max()) if bool(finite.any()) else 0.0
+        step = max(top / 127, 1e-12)
+    return torch.where(finite, (theirs - ours).abs() / step, 0.0).round()
 
 
 def _compare_outputs(
     converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
 ) -> LoweringComparison:
-    """The model outputs only, in steps of the output's grid (a delegate runs as one call); a
-    float output in steps of an 8-bit grid over its range (``max |output| / 127`` per batch)."""
-    step = _output_step(converted)
-    total = [0, 0, 0]
-    for args in _bound_batches(converted, data, max_batches):
+    """The model outputs only (a delegate runs as one call), each floating-point leaf of them
+    (:func:`~qviz.numeric.batches.output_pairs`: a tuple's tensors, a ``ModelOutput``'s
+    logits ...) a row, in steps of its grid; a float output in steps of an 8-bit grid over its
+    range (``max |output| / 127`` per batch)."""
+    flat = _output_steps(converted)
+    totals: dict[str, list[int]] = {}
+    for i, args in enumerate(_bound_batches(converted, data, max_batches)):
+        where = f"compare_lowered batch {i}"
         with torch.no_grad():
             ours, theirs = converted(*args), lowered(*args)
-        grid = step if step is not None else max(float(ours.abs().max()) / 127, 1e-12)
-        _tally(total, ((theirs - ours).abs() / grid).round())
-    row = _row("output", "output", *total)
+        paths = [path for path, _ in output_leaves(ours)]
+        steps = dict(zip(paths, flat, strict=False)) if len(paths) == len(flat) else {}
+        for path, ref, got in output_pairs(ours, theirs, where, by_position=True):
+            counted = _steps_from_reference(ref, got, steps.get(path), f"{where}: {path}")
+            _tally(totals.setdefault(path, [0, 0, 0]), counted)
+    rows = tuple(_row(path, "output", *total) for path, total in totals.items())
     return LoweringComparison(
-        (row,), lowered.backend, "model outputs", tolerance, lowered.fingerprint
+        rows, lowered.backend, "model outputs", tolerance, lowered.fingerprint
     )

@@ -52,7 +52,7 @@ from torch.fx import GraphModule
 
 from qviz.engine import distributed
 from qviz.engine.graph.fingerprint import fingerprint
-from qviz.engine.graph.inputs import batches_of, checked_batches
+from qviz.engine.graph.inputs import checked_batches, measured_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
@@ -170,6 +170,9 @@ def search_precision(
 
     Raises:
         ConfigError: no target or two, a bad candidate, cost, layer or batch (each named).
+        MeasurementError: an evaluated model's output SQNR or metric is not a number (outputs
+            without a floating-point tensor, NaN in one output only, ...): nothing is decided
+            on it.
 
     Example:
         >>> import torch, qviz
@@ -220,7 +223,7 @@ def _setup(gm, quantizer, data, metric, candidates, cost, layers, screening_data
     check_stage(gm, Stage.FLOAT, where=_WHERE, arg="exported_model", exported=True)
     how = parse_cost(cost)
     precisions = _candidates(candidates)
-    batches = list(batches_of(data, _WHERE))
+    batches = measured_batches(data, _WHERE, allow_empty=True)  # finite; a shard may be empty
     calibration = batches
     if calibration_data is not None:
         calibration = checked_batches(calibration_data, gm, f"{_WHERE}(calibration_data=...)")
@@ -301,7 +304,8 @@ class _Search:
         if s.screen is not s.full:
             s.screen.score_float()
         self._calibrate_once()
-        score = s.screen.score(self._build(self.ref))
+        label = "the screening reference (every layer at its most expensive candidate)"
+        score = s.screen.score(self._build(self.ref), label)
         self.reference = self._evaluation(None, self.ref, score, s.screen, screening=True)
         ref_penalty = self._penalty(s.screen, score)
         pairs = [(u, o) for u, opts in enumerate(s.options) for o in range(len(opts))]
@@ -309,7 +313,8 @@ class _Search:
             choice = list(self.ref)
             choice[u] = o
             if o != self.ref[u]:
-                score = s.screen.score(self._build(choice))
+                label = f"{s.units[u].name} at {s.options[u][o].name} (screening)"
+                score = s.screen.score(self._build(choice), label)
                 self.deltas[u][o] = max(0.0, self._penalty(s.screen, score) - ref_penalty)
                 self.noise[u][o] = max(0.0, _noise(score[0]) - _noise(self.reference.output_sqnr))
             else:
@@ -330,7 +335,8 @@ class _Search:
         s.full.score_float()
         self.cheapest = [min(range(len(c)), key=lambda o: (c[o], o)) for c in s.costs]
         model = self._build(self.cheapest)
-        self.guess_score = s.full.score(model)
+        label = "the first guess (every layer at its cheapest candidate)"
+        self.guess_score = s.full.score(model, label)
         self.guess = self._evaluation(None, self.cheapest, self.guess_score, s.full)
         if not self.guess.meets:
             return False
@@ -363,16 +369,22 @@ class _Search:
         for _ in bar:
             i = next_probe(estimates, self.target.allowed, passed, failed)
             if i is None:  # the answer is known: the budget need not be spent
-                bar.stop(_confirmed(len(self.evaluations), passed))
+                bar.stop(_confirmed(self._full_evaluations(), passed))
                 break
             model = self._build(points[i][2])
-            score = s.full.score(model)
+            score = s.full.score(model, f"front point {i}")
             e = self._evaluation(i, points[i][2], score, s.full)
             self.evaluations.append(e)
             (passed if e.meets else failed)[i] = self._penalty(s.full, score)
             if e.meets and i == min(passed):
                 self.model = model
         self.chosen = min(passed) if passed else None
+
+    def _full_evaluations(self) -> int:
+        """Full evaluations so far, counted as the result's summary counts them (the first
+        guess included), so the progress bar and the summary say the same number."""
+        done = (self.reference, self.guess, *self.evaluations)
+        return sum(1 for e in done if e is not None and not e.screening)
 
     def _tie_broken(self) -> list[list[float]]:
         """A metric moves in steps (one sample of a few hundred), so many options screen at

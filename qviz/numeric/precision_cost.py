@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch.fx import GraphModule
 
 from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.user_calls import call_user
 from qviz.errors import ConfigError
 from qviz.numeric.precision_units import Precision, Unit
 
@@ -97,10 +100,26 @@ def unit_costs(
 
     def one(layer: str, precision: Precision) -> float:
         if not isinstance(how, Cost):
-            return float(how(layer, precision))
+            return call_user(
+                how, layer, precision, role="cost", where=f"search_precision: layer {layer!r} "
+                f"at {precision}", signature="cost(layer, precision)", convert=_cost_value,
+                expected="a finite number >= 0 (bytes, BOPs or your own unit)",
+            )  # fmt: skip
         numel, macs = counts[layer]
         w, a = precision.bits
         return numel * w / 8 / 1024 if how is Cost.SIZE else macs * w * a / 1e9
 
     return [[sum(one(layer, p) for layer in u.layers) for p in opts]
             for u, opts in zip(units, options, strict=True)]  # fmt: skip
+
+
+def _cost_value(value: Any) -> float:
+    """A user cost as a float; TypeError or ValueError for what no search can add up: not a
+    number, NaN, infinite or negative (a negative cost would make a layer's float option the
+    cheapest)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | torch.Tensor):
+        raise TypeError(f"not a number: {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"not a finite number >= 0: {number}")
+    return number

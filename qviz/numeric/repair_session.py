@@ -43,17 +43,22 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from qviz.engine.graph.inputs import batches_of
+from qviz.engine.graph.inputs import measured_batches
 from qviz.engine.graph.stage import Stage as ModelStage
 from qviz.engine.graph.stage import check_stage
 from qviz.engine.pt2e.plan import TransformRecord
 from qviz.errors import ConfigError, QvizError
 from qviz.numeric.compare import compare
-from qviz.numeric.diagnose import Diagnosis, diagnose
+from qviz.numeric.diagnose import Diagnosis, Finding, diagnose
 from qviz.numeric.repair_remedies import Remedy, Stage, quantizer_with, remedy_of, transform
+from qviz.numeric.totals import check_figures
 
 _LAYER_COLUMNS = ("node", "local_sqnr_before", "local_sqnr_after", "cumulative_sqnr_before",
                   "cumulative_sqnr_after")  # fmt: skip
+
+
+NO_GAIN_DB = 0.05
+"""A step whose output SQNR moves less than this (dB), its metric not rising, is "no gain"."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,39 @@ class RepairStep:
     def delta(self) -> float:
         """Output SQNR after minus before (dB)."""
         return self.output_sqnr_after - self.output_sqnr_before
+
+    @property
+    def gained(self) -> bool:
+        """Whether the remedy paid: the output SQNR rose by at least :data:`NO_GAIN_DB`, or
+        the metric rose.
+
+        Example:
+            >>> RepairStep("fallback", (), (), (), (), 28.0, 28.001, None, None, 0.1).gained
+            False
+        """
+        metric_up = (
+            self.metric_before is not None
+            and self.metric_after is not None
+            and self.metric_after > self.metric_before
+        )
+        return self.delta >= NO_GAIN_DB or metric_up
+
+    @property
+    def verdict(self) -> str:
+        """The step in words: ``"+3.50 dB"``, ``"no gain"`` or ``"worse by 1.20 dB"``.
+
+        Example:
+            >>> RepairStep("fallback", (), (), (), (), 28.0, 28.0, None, None, 0.1).verdict
+            'no gain (output SQNR 28.00 dB, unchanged within 0.05 dB)'
+        """
+        if self.gained:
+            return f"{self.delta:+.2f} dB"
+        if self.delta <= -NO_GAIN_DB:
+            return f"worse by {-self.delta:.2f} dB"
+        return (
+            f"no gain (output SQNR {self.output_sqnr_after:.2f} dB, unchanged within "
+            f"{NO_GAIN_DB} dB)"
+        )
 
     @property
     def df(self) -> Any:
@@ -146,6 +184,8 @@ class RepairStep:
         return dataclasses.replace(self, layers=layers)
 
     def __repr__(self) -> str:
+        if not self.gained:
+            return f"RepairStep({self.remedy}: {self.verdict})"
         return (
             f"RepairStep({self.remedy}: output SQNR {self.output_sqnr_before:.2f} -> "
             f"{self.output_sqnr_after:.2f} dB)"
@@ -190,10 +230,7 @@ def _layers(before: Any, after: Any) -> tuple[tuple[str, float, float, float, fl
 
 
 def _batches(data: Any, where: str) -> list[Any]:
-    batches = list(batches_of(data, where))
-    if not batches:
-        raise ConfigError(f"RepairSession({where}=...): the data has no batch; give batches")
-    return batches
+    return measured_batches(data, f"RepairSession({where}=...)")  # finite, at least one
 
 
 class RepairSession:
@@ -219,6 +256,9 @@ class RepairSession:
 
     Raises:
         ConfigError: ``float_gm`` is not an exported float graph, or the data has no batch.
+        MeasurementError: the baseline's output SQNR or metric is not a number (outputs
+            without a floating-point tensor, NaN in one output only, ...); a remedy whose
+            model measures so is refused the same way, and the session stays as it was.
 
     Example:
         >>> import torch, qviz
@@ -279,6 +319,9 @@ class RepairSession:
             if remedies[i].stage is Stage.CONVERTED:
                 quantized, records[i] = transform(remedies[i], quantized, gm, cal, progress)
         report = compare(gm, quantized, self._data, metric=self.metric, progress=progress)
+        what = "+".join(r.name for r in remedies) or "the baseline (no remedy)"
+        check_figures(report.output_sqnr, report.output_problem, report.metric,
+                      f"RepairSession: {what}")  # fmt: skip
         diagnosis = diagnose(report, prepared, data=self._data)
         return _State(remedies, tuple(records), gm, quantizer, prepared, converted, quantized,
                       report, diagnosis)  # fmt: skip
@@ -316,6 +359,7 @@ class RepairSession:
             ...
             qviz.errors.ConfigError: apply(remedy='smoth_quant'): give one of ['cross_layer_equalization', 'smooth_quant', 'per_channel', 'override', 'fallback', 'bias_correction', 'adaround'] or a Finding of qviz.numeric.diagnose (closest: ['smooth_quant'])
         """  # noqa: E501
+        self._check_finding(remedy)
         r = remedy_of(remedy, kwargs)
         state, start = self._states[-1], time.perf_counter()
         try:
@@ -400,6 +444,21 @@ class RepairSession:
     def prepared_model(self) -> GraphModule:
         """The current calibrated prepared model (what :attr:`diagnosis` read)."""
         return self._states[-1].prepared
+
+    def _check_finding(self, remedy: Any) -> None:
+        """A Finding must come from one of this session's diagnoses (the current one, or an
+        earlier step's): another session's, or another model's, names nodes and figures of a
+        model this session does not hold."""
+        if not isinstance(remedy, Finding):
+            return
+        if any(remedy in state.diagnosis.findings for state in self._states):
+            return
+        raise ConfigError(
+            f"RepairSession.apply: this Finding ({remedy.node}: {remedy.cause}, "
+            f"{remedy.sqnr:.2f} dB) is not one of this session's diagnoses; it came from "
+            f"another session or another model's diagnose: apply a finding of "
+            f"session.diagnosis.findings, or name the remedy (apply('smooth_quant', ...))"
+        )
 
     @property
     def diagnosis(self) -> Diagnosis:

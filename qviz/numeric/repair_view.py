@@ -62,7 +62,7 @@ def step_html(step: Any) -> str:
     """
     parts = [
         f"output SQNR {sig3(step.output_sqnr_before)} → {sig3(step.output_sqnr_after)} dB "
-        f"({signed(step.delta, ' dB')})"
+        f"({signed(step.delta, ' dB') if step.gained else step.verdict.split(' (')[0]})"
     ]
     if step.metric_before is not None and step.metric_after is not None:
         parts.append(f"metric {sig3(step.metric_before)} → {sig3(step.metric_after)}")

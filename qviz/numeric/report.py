@@ -145,7 +145,14 @@ class NumericReport:
 
     Attributes:
         df: the table (pandas DataFrame), one row per quantized operator in graph order.
-        output_sqnr: SQNR (dB) of the model outputs, quantized against float, over all data.
+        output_sqnr: SQNR (dB) of the model outputs, quantized against float, over all data:
+            every floating-point output tensor (each leaf of a tuple, dict or Hugging Face
+            ``ModelOutput``) as one signal over one noise (:mod:`qviz.numeric.totals`); NaN
+            only with ``output_problem``.
+        output_problem: why ``output_sqnr`` is not a number (no floating-point output, a NaN
+            in one output only, ...), with what to do; None when it is one.
+        output_leaves: each floating-point output leaf's own SQNR (dB), by path
+            (``{"output.logits": 31.2}``).
         metric: the user's metric, averaged over samples (None when not given).
         batches, samples: how much data was compared.
         fingerprint, float_fingerprint: the quantized and the float model it measured
@@ -165,6 +172,8 @@ class NumericReport:
         df: Any,
         *,
         output_sqnr: float = math.nan,
+        output_problem: str | None = None,
+        output_leaves: dict[str, float] | None = None,
         metric: float | None = None,
         batches: int = 0,
         samples: int = 0,
@@ -173,6 +182,8 @@ class NumericReport:
     ) -> None:
         self.df = df
         self.output_sqnr = output_sqnr
+        self.output_problem = output_problem
+        self.output_leaves = dict(output_leaves or {})
         self.metric = metric
         self.batches = batches
         self.samples = samples
@@ -186,14 +197,10 @@ class NumericReport:
         return self
 
     @classmethod
-    def from_rows(
-        cls, rows: Sequence[Any], outputs: Any, metric: float | None, batches: int, samples: int
-    ) -> NumericReport:
-        """Build from the comparison's accumulated rows (see :func:`qviz.numeric.compare`)."""
-        report = cls.from_table([_row_dict(r) for r in rows], metric=metric)
-        report.output_sqnr = outputs.sqnr if outputs.count else math.nan
-        report.batches, report.samples = batches, samples
-        return report
+    def from_rows(cls, rows: Sequence[Any], **figures: Any) -> NumericReport:
+        """Build from the comparison's accumulated rows (see :func:`qviz.numeric.compare`) and
+        its model-level figures (:meth:`qviz.numeric.totals.OutputTotals.figures`)."""
+        return cls.from_table([_row_dict(r) for r in rows], **figures)
 
     @classmethod
     def from_table(cls, records: Sequence[dict[str, Any]], **figures: Any) -> NumericReport:
@@ -228,7 +235,10 @@ class NumericReport:
     def summary(self) -> str:
         """One line: data compared, output SQNR, metric, worst operator."""
         parts = [f"{len(self.df)} quantized ops", f"{self.samples} samples"]
-        parts.append(f"output SQNR {self.output_sqnr:.2f} dB")
+        if self.output_problem is not None:
+            parts.append(f"output SQNR not measured ({self.output_problem})")
+        else:
+            parts.append(f"output SQNR {self.output_sqnr:.2f} dB")
         if self.metric is not None:
             parts.append(f"metric {self.metric:.4g}")
         if len(self.df) and self.df["local_sqnr"].notna().any():

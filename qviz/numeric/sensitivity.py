@@ -43,7 +43,7 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.inputs import batches_of, checked_batches
+from qviz.engine.graph.inputs import checked_batches, measured_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
@@ -120,6 +120,8 @@ def sensitivity(
     Raises:
         ConfigError: ``exported_model`` is not the float exported graph (checked before
             anything runs), an unknown mode, or a batch that does not bind (named).
+        MeasurementError: a variant's output SQNR or metric is not a number (outputs without
+            a floating-point tensor, NaN in one output only, ...): nothing is ranked on it.
 
     Example:
         >>> import torch, qviz
@@ -140,7 +142,8 @@ def sensitivity(
     quantize = functools.partial(quantize_variant, exported_model, calibration=calibration,
                                  group=group, reuse=reuse)  # fmt: skip
     rows = [
-        _row(node, evaluator.score(quantize(variant)), mode, base[0], versus)
+        _row(node, evaluator.score(quantize(variant), _label(node.name, mode)), mode, base[0],
+             versus)
         for node, variant in _variants(exported_model, quantizer, ops, mode, progress and rank0)
     ]  # fmt: skip
     return _ranked(rows, mode, metric is not None, *base, evaluator.float_metric)
@@ -157,7 +160,12 @@ def _baseline(
     ops = quantized_ops(full.plan, gm)
     reuse = ObserverReuse(full)  # before calibrating: the observers' starting state
     qviz.calibrate(full, calibration, progress=False, group=group)
-    return ops, reuse, evaluator.score(qviz.convert_pt2e(full))
+    return ops, reuse, evaluator.score(qviz.convert_pt2e(full), "the fully quantized model")
+
+
+def _label(node: str, mode: str) -> str:
+    """The variant of ``node``, as a message names it."""
+    return f"every operator but {node} quantized" if mode == "fallback" else f"{node} alone"
 
 
 def _variants(gm: GraphModule, quantizer: Any, ops: list[str], mode: str, show: bool) -> Any:
@@ -185,7 +193,7 @@ def _setup(
     _check_graph(exported_model, "sensitivity")
     if mode not in _MODES:
         raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
-    batches = list(batches_of(data, "sensitivity"))
+    batches = measured_batches(data, "sensitivity", allow_empty=True)  # finite; a shard: maybe none
     calibration = batches
     if calibration_data is not None:
         where = "sensitivity(calibration_data=...)"

@@ -4,7 +4,9 @@ the dozen.
 
 * :class:`VariantScorer` keeps the float model's outputs on the evaluation data once, and scores
   a quantized variant by its output SQNR and the user's metric (over every rank of a process
-  group: one exchange per score, so every rank sees the same figures).
+  group: one exchange per score, so every rank sees the same figures). A figure that is not a
+  number (:mod:`qviz.numeric.totals`) is refused with a MeasurementError naming the variant,
+  never ranked or searched on.
 * :func:`quantize_variant` prepares a variant, fills its observers from an
   :class:`~qviz.engine.pt2e.observer_reuse.ObserverReuse` where each has a calibrated twin
   (the same statistics without a pass) or calibrates it, and converts it.
@@ -24,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +38,7 @@ from qviz.engine.graph.inputs import bind_batch, call_model
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
 from qviz.errors import ConfigError
 from qviz.numeric.batches import batch_size, metric_value
-from qviz.numeric.totals import OutputTotals
+from qviz.numeric.totals import OutputTotals, check_figures
 
 
 class VariantScorer:
@@ -78,9 +81,15 @@ class VariantScorer:
         self.float_metric: float | None = None
 
     def score_float(self) -> None:
-        """The float model's own metric, over every rank (a collective: after the setup)."""
+        """The float model's own metric, over every rank (a collective: after the setup).
+
+        Raises:
+            MeasurementError: the metric is not a finite number.
+        """
         if self.metric is not None:
-            self.float_metric = self._merged(lambda: self._sums(None))[1]
+            totals = self._merged(lambda: self._sums(None))
+            where = f"{self.where}: the float model"
+            self.float_metric = check_figures(math.inf, None, totals.metric_value, where)[1]
 
     def _sums(self, model: Any) -> OutputTotals:
         """This process's output statistics, metric sum and sample count (``model`` None: the
@@ -90,22 +99,31 @@ class VariantScorer:
             for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
                 out = ref if model is None else call_model(model, bound, name)
                 value = metric_value(self.metric, ref, out, bound.target, name)
-                totals.add(ref, out, batch_size(bound.args), value)
+                totals.add(ref, out, batch_size(bound.args), value, name)
         return totals
 
-    def _merged(self, local: Callable[[], OutputTotals]) -> tuple[float, float | None]:
-        """(output SQNR, metric) of ``local``'s sums, over every rank when distributed."""
+    def _merged(self, local: Callable[[], OutputTotals]) -> OutputTotals:
+        """``local``'s sums, over every rank when distributed."""
         out = distributed.sharded(lambda shard: local(), self.group, self.where)
         totals = out.result
         if out.shard.distributed:
             totals = OutputTotals.for_metric(self.metric)
             for part in out.shared:  # every rank's, in rank order
                 totals.merge(part)
-        return totals.outputs.sqnr, totals.metric_value
+        return totals
 
-    def score(self, model: Any) -> tuple[float, float | None]:
-        """(output SQNR in dB, the metric averaged over samples or None), over every rank."""
-        return self._merged(lambda: self._sums(model))
+    def score(self, model: Any, label: str = "a quantized variant") -> tuple[float, float | None]:
+        """(output SQNR in dB, the metric averaged over samples or None), over every rank.
+
+        Args:
+            model: the quantized variant.
+            label: what it is, for a message (``"the fully quantized model"``).
+
+        Raises:
+            MeasurementError: a figure that is not a number (NaN; an infinite SQNR that no
+                exact match explains), naming ``label``, why, and the fix.
+        """
+        return self._merged(lambda: self._sums(model)).checked(f"{self.where}: {label}")
 
 
 def prepare_variant(

@@ -48,7 +48,7 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine.graph.fingerprint import check_fingerprint
-from qviz.errors import ConfigError, MissingDependencyError
+from qviz.errors import ConfigError, MissingDependencyError, closest_names
 from qviz.viz.bands import Bands
 from qviz.viz.dot import to_digraph
 from qviz.viz.graph_records import GraphView
@@ -171,12 +171,38 @@ class QGraph:
         return f"QGraph(stage={self.stage!r}, nodes={len(self)}, edges={len(self.view.edges)})"
 
 
-def _highlight(highlight: str | Sequence[str] | None) -> tuple[str, ...]:
+def _highlight_names(highlight: Any) -> tuple[str, ...]:
+    """``highlight`` as a tuple of names: None, a name, or a list / tuple / set of names."""
     if highlight is None:
         return ()
-    if isinstance(highlight, str):
-        return (highlight,)
-    return tuple(highlight)
+    names = (highlight,) if isinstance(highlight, str) else highlight
+    if not isinstance(names, list | tuple | set | frozenset) or not all(
+        isinstance(n, str) for n in names
+    ):
+        raise ConfigError(
+            f"graph(highlight={highlight!r:.60}): give a node name or module path (a str), a "
+            f"list of them, or None"
+        )
+    return tuple(names)
+
+
+def _highlight(names: tuple[str, ...], view: GraphView) -> tuple[str, ...]:
+    """``names``, each a node of ``view`` (before collapsing) or a module path on its nodes'
+    stacks; an unknown one is a ConfigError naming it with the closest names."""
+    known = {n.name for n in view.nodes if n.kind != "marker"}
+    paths: set[str] = set()
+    for node in view.nodes:
+        parts = node.module.split(".") if node.module else []
+        paths.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    unknown = [n for n in dict.fromkeys(names) if n not in known | paths]
+    if unknown:
+        each = "; ".join(f"{n!r} ({closest_names(n, known | paths)})" for n in unknown)
+        raise ConfigError(
+            f"graph(highlight=...): {len(unknown)} name(s) are no node or module path of this "
+            f"graph: {each}; give node names as the graph spells them ([n.name for n in "
+            f"gm.graph.nodes]) or module paths as model.named_modules() spells them ('layer1')"
+        )
+    return names
 
 
 def _table_values(df: Any, column: str | None) -> tuple[dict[str, float], str]:
@@ -378,7 +404,8 @@ def graph(
             :func:`qviz.convert_pt2e`, or exported from a quant_nn model.
         collapse: a module depth (``2``) or module paths (``["layer1"]``) to draw as one box
             each, labelled with the path and op count.
-        highlight: node names or module paths drawn with a thick red outline.
+        highlight: node names or module paths drawn with a thick red outline (a name that is
+            neither is refused, with the closest names).
         show_params: also draw parameters and constants (get_attr nodes).
         metrics: a value per node to colour op boxes by, low red to high green (e.g. per-layer
             SQNR): ``{node_name: float}``, a DataFrame with a ``"node"`` column, a report
@@ -398,7 +425,8 @@ def graph(
         A :class:`QGraph`; it renders itself in Jupyter, ``.save("g.png")`` writes a file.
 
     Raises:
-        ConfigError: not a graph module, or a bad ``collapse``, ``metrics`` or ``metric_column``.
+        ConfigError: not a graph module, or a bad ``collapse``, ``highlight``, ``metrics`` or
+            ``metric_column``.
         MissingDependencyError: the graphviz package (or, to render, the dot program) is missing.
 
     Example:
@@ -410,9 +438,11 @@ def graph(
         True
     """
     _check_model(model)
+    marked = _highlight_names(highlight)
     view = read_graph(model, show_params=show_params)
     settings = (metric_column, metric_range, higher_is_better, metric_bands)
     view = _apply_metrics(view, model, metrics, *settings)
     view = _with_partition(view, model, lowered)
+    marked = _highlight(marked, view)
     view = fold_long_edges(collapse_view(view, collapse, (n for n, _ in model.named_modules())))
-    return QGraph(view, to_digraph(view, _highlight(highlight)), InlineLayout(fold=fold))
+    return QGraph(view, to_digraph(view, marked), InlineLayout(fold=fold))

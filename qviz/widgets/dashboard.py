@@ -46,8 +46,8 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from qviz.engine.graph.fingerprint import check_fingerprint
-from qviz.engine.graph.inputs import batches_of, bind_batch, checked_batches
+from qviz.engine.graph.fingerprint import check_fingerprint, check_lineage
+from qviz.engine.graph.inputs import bind_batch, checked_batches, measured_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
 from qviz.numeric.compare import float_graph_of
@@ -159,14 +159,18 @@ class NumericDashboard(ViewOwner):
             check_fingerprint(report, quantized_model, "NumericDashboard")
         if float_model is not None:
             check_stage(float_model, Stage.FLOAT, where="NumericDashboard", arg="float_model")
+            check_lineage(float_model, quantized_model, "NumericDashboard(float_model=...)")
+        if session is not None and getattr(session, "quantized_model", None) is not None:
+            check_fingerprint(report, session.quantized_model, "NumericDashboard(session=...)")
         self.lowered, self.lowering = _checked_lowering(lowered, lowering, quantized_model)
         self.session, self._builds = session, 0
         self.error: str | None = None
         self.quantizer, self.metric = quantizer, metric
-        self._batches = list(batches_of(data, "NumericDashboard")) if data is not None else []
+        self._batches = [] if data is None else measured_batches(data, "NumericDashboard(data=...)")
         self._calibration = self._batches
         if calibration_data is not None:
-            self._calibration = list(batches_of(calibration_data, "NumericDashboard"))
+            where = "NumericDashboard(calibration_data=...)"
+            self._calibration = measured_batches(calibration_data, where)
         self._sample = self._sample_inputs(
             quantized_model if quantized_model is not None else float_model
         )

@@ -61,12 +61,30 @@ def _default_quantizer() -> Any:
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 
 
+def _check_quantizer(quantizer: Any) -> None:
+    """``quantizer`` is None or a quantizer object (one with ``annotate``), not its name or
+    its class: a ConfigError naming the argument and showing how to build one."""
+    if quantizer is None or (
+        not isinstance(quantizer, type) and callable(getattr(quantizer, "annotate", None))
+    ):
+        return
+    what = "a class: build an instance of it" if isinstance(quantizer, type) else "no quantizer"
+    raise ConfigError(
+        f"AnnotationEditor(quantizer={quantizer!r:.60}): {what}. quantizer takes a quantizer "
+        f"object, e.g. XNNPACKQuantizer().set_global(get_symmetric_quantization_config()) "
+        f"(from qviz.engine.quantizers import XNNPACKQuantizer, "
+        f"get_symmetric_quantization_config), or None for that with per-channel weights"
+    )
+
+
 class AnnotationEditor(ViewOwner):
     """Edit a quantizer's annotations node by node and watch the plan change.
 
     Args:
         exported_model: the float graph module from :func:`qviz.export` (never changed).
-        quantizer: the base quantizer (default: XNNPACK, int8, per-channel weights).
+        quantizer: the base quantizer object, e.g.
+            ``XNNPACKQuantizer().set_global(get_symmetric_quantization_config())`` (default:
+            XNNPACK, int8, per-channel weights); a name such as ``"xnnpack"`` is refused.
         example_inputs: optional; only used by :meth:`to_code` to show the export call.
         graph: build the graph widget (False for headless use).
 
@@ -92,6 +110,7 @@ class AnnotationEditor(ViewOwner):
             exported_model, Stage.FLOAT, where="AnnotationEditor", arg="exported_model",
             exported=True,
         )  # fmt: skip
+        _check_quantizer(quantizer)
         self.model = exported_model
         self.base = quantizer if quantizer is not None else _default_quantizer()
         self.example_inputs = example_inputs

@@ -211,10 +211,12 @@ def _check_model(result: PrecisionResult, float_model: Any) -> None:
     """Refuse ``float_model`` unless the search ran on it (house rule 14). A result without
     a fingerprint (built by hand) is taken as it is."""
     searched = result.float_fingerprint
-    if searched is None or fingerprint(float_model) == searched:
+    this = fingerprint(float_model)
+    if searched is None or this == searched:
         return
     raise ConfigError(
-        f"{_WHERE}: the search ran on another model ({searched}) than float_model "
-        f"({fingerprint(float_model)}); pass the float graph module that search_precision(gm, "
-        f"...) was given, or search this model with search_precision"
+        f"{_WHERE}: the search ran on another model than float_model: "
+        f"{searched.difference(this) or f'{searched} against {this}'}; pass the float graph "
+        f"module that search_precision(gm, ...) was given, or search this model with "
+        f"search_precision"
     )

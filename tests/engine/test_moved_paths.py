@@ -40,6 +40,7 @@ def saved():
         ("qviz.engine.calib.max_calibrator", "qviz.engine.tensor.calib.max_calibrator"),
         ("qviz.engine.tensor_quantizer", "qviz.engine.tensor.tensor_quantizer"),
         ("qviz.engine.fake_quantize", "qviz.engine.observers.fake_quantize"),
+        ("qviz.engine.fine_tune", "qviz.engine.tensor.fine_tune"),
     ],
 )
 def test_an_old_path_is_the_same_module_as_its_new_home(old, new):
@@ -58,6 +59,14 @@ def test_the_seed_tutorials_imports_work():
     assert q.tolist() == [64.0, -127.0]
     assert fake_tensor_quant(torch.tensor([1.0]), 1.0).item() == 1.0
     assert QuantDescriptor(num_bits=4).num_bits == 4
+
+
+def test_fine_tune_imports_from_its_old_path():
+    from qviz.engine.fine_tune import FineTuneHistory, fine_tune
+
+    from qviz.engine.tensor import fine_tune as new
+
+    assert fine_tune is new.fine_tune and FineTuneHistory is new.FineTuneHistory
 
 
 def test_a_quant_nn_model_saved_before_the_move_loads_and_computes_the_same(saved):

@@ -175,7 +175,7 @@ def test_bad_input_gets_a_clear_error(digits):
     with pytest.raises(ConfigError, match=r"takes the model qviz\.convert_pt2e returned"):
         compare(gm, model, test, progress=False)
     other = qviz.export(nn.Sequential(nn.Linear(64, 10)).eval(), (torch.randn(2, 64),))
-    with pytest.raises(ConfigError, match="debug handle"):
+    with pytest.raises(ConfigError, match="prepared from another float model"):
         compare(other, quantized, test, progress=False)
     with pytest.raises(ConfigError, match="at least one batch"):
         compare(gm, quantized, [], progress=False)
@@ -309,7 +309,7 @@ def test_a_metric_that_returns_no_number_is_named(returned):
     )
     qviz.calibrate(prepared, [x], progress=False)
     quantized = qviz.convert_pt2e(prepared)
-    with pytest.raises(ConfigError, match=r"batch 0: the metric returned .*must return a number"):
+    with pytest.raises(ConfigError, match=r"batch 0: the metric returned .*return a finite number"):
         compare(gm, quantized, [x], metric=lambda f, q, t: returned, progress=False)
     report = compare(gm, quantized, [x], metric=lambda f, q, t: torch.tensor(0.5), progress=False)
     assert report.metric == 0.5

@@ -162,6 +162,19 @@ def test_highlight_thickens_the_outline(digits):
     assert graph(prepared, highlight=["linear"]).dot.count('border="3"') == 1
 
 
+def test_a_highlight_that_names_nothing_is_refused_with_the_closest_names():
+    """highlight='nonexistent' was silently ignored: each unknown name is named, with the
+    closest node names or module paths; a known node name or module path still draws."""
+    gm = qviz.export(nn.Sequential(nn.Linear(2, 2), nn.ReLU()).eval(), (torch.ones(1, 2),))
+    with pytest.raises(ConfigError, match=r"'nonexistent' \(no close match\)"):
+        graph(gm, highlight="nonexistent")
+    with pytest.raises(ConfigError, match=r"2 name\(s\).*'linaer' \(closest: \['linear'\]\)"):
+        graph(gm, highlight=["linaer", "relu", "relux"])
+    with pytest.raises(ConfigError, match=r"highlight=3\): give a node name or module path"):
+        graph(gm, highlight=3)
+    assert graph(gm, highlight=["linear", "1"]).dot.count('border="3"') == 2  # node, module
+
+
 def test_same_model_gives_identical_dot(digits):
     _, prepared, converted = digits
     assert graph(prepared).dot == graph(prepared).dot

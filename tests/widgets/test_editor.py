@@ -164,3 +164,18 @@ def test_a_prepared_or_converted_model_is_refused_naming_the_float_one(editor, g
     for model, stage in ((converted, "converted"), (editor.prepare(), "prepared")):
         with pytest.raises(ConfigError, match=rf"exported_model.*{stage}.*qviz.export returned"):
             AnnotationEditor(model, graph=False)
+
+
+@pytest.mark.parametrize("quantizer", ["xnnpack", 8])
+def test_a_quantizer_that_is_no_quantizer_is_refused_showing_how_to_build_one(quantizer):
+    """AnnotationEditor(gm, quantizer='xnnpack') said "base must be a quantizer": the message
+    names the argument and shows the call that builds one; a class is refused as a class."""
+    from qviz.engine.quantizers import XNNPACKQuantizer
+    from qviz.errors import ConfigError
+
+    small = qviz.export(torch.nn.Sequential(torch.nn.Linear(2, 2)).eval(), (torch.ones(1, 2),))
+    build = r"XNNPACKQuantizer\(\)\.set_global\(get_symmetric_quantization_config\(\)\)"
+    with pytest.raises(ConfigError, match=rf"AnnotationEditor\(quantizer={quantizer!r}\).*{build}"):
+        AnnotationEditor(small, quantizer, graph=False)
+    with pytest.raises(ConfigError, match=r"a class: build an instance"):
+        AnnotationEditor(small, XNNPACKQuantizer, graph=False)

@@ -25,9 +25,13 @@ The contributions of all observers are packed into one flat tensor per reduction
 most three ``all_reduce`` calls per round, however many observers the model has.
 
 Only torch.distributed is used: gloo on CPU, NCCL on GPUs (the packed tensors go to the current
-CUDA device there). A rank that dies without raising, or makes no call at all (``group=False``
-on that rank only), cannot report; the others then stop at the process group's timeout
-(``torch.distributed.init_process_group(..., timeout=...)``).
+CUDA device there). A rank that never joins an exchange (``group=False`` on that rank only, or
+one call more or fewer than the others) cannot report; the others stop when the backend gives
+up on it: at once when it exits or destroys its process group, at the process group's timeout
+(``torch.distributed.init_process_group(..., timeout=...)``) when it goes on with other work.
+Then every waiting rank raises a ConfigError naming that rank and what it last did (each rank
+counts its exchanges in the group's store, read back within seconds:
+:mod:`qviz.engine.distributed.call_log`); a rank that crashed is a CalibrationError.
 
 What every rank holds after the merge, per kind of state (the guarantee; measured on the
 digits model, 6 batches of 16 split 4 + 2 or 5 + 0 + 1 between ranks, no anchor batch, the
@@ -83,6 +87,7 @@ import torch
 from torch import nn
 
 import qviz.errors as errors  # the classes by name: a failing rank's, re-raised here
+from qviz.engine.distributed.call_log import count_call, exchange_failed, note_alone
 from qviz.engine.distributed.merge_rules import Contributions, Rule, Shape, rule_for
 from qviz.engine.graph.fingerprint import digest
 from qviz.engine.observers.fake_quantize import FakeQuantize
@@ -213,7 +218,8 @@ def sharded(
         QvizError: on every rank alike when any rank failed, naming each failing rank and its
             error: the class of the lowest failing rank's error when it is a QvizError (a bad
             argument is a ConfigError everywhere), else CalibrationError; ConfigError when the
-            ranks are in different entry points. Alone, what ``work`` raised, as it raised it.
+            ranks are in different entry points, or (on the ranks that waited) when a rank
+            never joined the exchange, naming it. Alone, what ``work`` raised, as it raised it.
 
     Example:
         >>> out = sharded(lambda shard: (shard.rank, "model"), False, "example",
@@ -225,8 +231,11 @@ def sharded(
 
     shard, error = _resolve(group)
     if not shard.distributed:
+        if group is False:
+            note_alone(what)  # named by the others' error if they wait for this rank
         result = work(shard)
         return Outcomes(shard, result, (result if share is None else share(result),))
+    call = count_call(shard, what)
     result, mine, payload = None, None, b""
     if error is None:
         try:
@@ -236,9 +245,12 @@ def sharded(
         except Exception as exc:  # exchanged, then raised on every rank
             error = exc
     records: list[Any] = [None] * shard.size
-    dist.all_gather_object(
-        records, {"what": what, "error": _error_record(error), "payload": payload}, shard.group
-    )
+    try:
+        dist.all_gather_object(
+            records, {"what": what, "error": _error_record(error), "payload": payload}, shard.group
+        )
+    except RuntimeError as exc:  # the backend gave up: a rank left, or never came in time
+        raise exchange_failed(shard, what, call, exc) from exc
     _raise_failures(records, shard, what, error)
     shared = [
         mine if r == shard.rank else pickle.loads(o["payload"]) for r, o in enumerate(records)

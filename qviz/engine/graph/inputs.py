@@ -61,7 +61,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.compat import exported_call_args
-from qviz.errors import ConfigError, QvizError
+from qviz.errors import CalibrationError, ConfigError, QvizError
 
 #: Keys of a dict batch that hold the target when the model takes no parameter of that name.
 TARGET_KEYS = ("labels", "label", "target", "targets")
@@ -337,10 +337,104 @@ def call_model(model: nn.Module, inputs: ModelInputs, where: str) -> Any:
         return model(*args, **kwargs)
 
 
+def _float_leaves(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex():
+            yield path, value
+    elif isinstance(value, ModelInputs):
+        yield from _float_leaves((*value.args, value.kwargs), path)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _float_leaves(item, f"{path}[{key!r}]")
+    elif isinstance(value, tuple | list):
+        for i, item in enumerate(value):
+            yield from _float_leaves(item, f"{path}[{i}]")
+
+
+def check_finite(batch: Any, where: str) -> None:
+    """Refuse a batch holding a NaN or infinite value, naming the tensor, how many values and
+    the first one's position: a non-finite input makes every figure measured from it
+    meaningless (NaN biases, a "departure" at the input), so it is named, never measured.
+
+    Args:
+        batch: one batch (a tensor, tuple, list or dict of them; other items are skipped).
+        where: the entry point and batch, for the message (``"diagnose: batch 2"``).
+
+    Raises:
+        CalibrationError: naming ``where``, the tensor's place in the batch and the count.
+
+    Example:
+        >>> x = torch.ones(2, 3)
+        >>> x[1, 2] = float("nan")
+        >>> check_finite((x, torch.tensor([0, 1])), "compare: batch 4")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        qviz.errors.CalibrationError: compare: batch 4: batch[0] holds 1 non-finite value of 6 ...
+    """
+    for path, t in _float_leaves(batch, "batch"):
+        bad = ~torch.isfinite(t.detach())
+        if bool(bad.any()):
+            first = [int(i) for i in bad.nonzero()[0]] if t.dim() else []
+            value = float(t.detach()[tuple(first)].real) if t.dim() else float(t.real)
+            raise CalibrationError(
+                f"{where}: {path} holds {int(bad.sum())} non-finite value"
+                f"{'s' if int(bad.sum()) != 1 else ''} of {t.numel()} ({value} at {first}); "
+                f"drop or clean the batch (torch.nan_to_num, or filter with torch.isfinite)"
+            )
+
+
+def measured_batches(
+    data: Any, where: str, *, max_batches: Any = None, allow_empty: bool = False
+) -> list[Any]:
+    """THE data of an entry point that measures: the batches of ``data`` (at most
+    ``max_batches``), each checked finite, and at least one, so that a figure is never reported
+    after measuring nothing, or measured from NaN.
+
+    Args:
+        data: as :func:`batches_of` takes it.
+        where: the entry point, for the messages.
+        max_batches: a positive int, or None for all.
+        allow_empty: no batch is fine: a rank's shard, when the entry point checks that some
+            rank had data.
+
+    Raises:
+        ConfigError: ``max_batches`` is not a positive int or None.
+        CalibrationError: no batch (an empty list, a DataLoader of nothing), or a batch with a
+            NaN or infinite value (:func:`check_finite`, naming the batch).
+
+    Example:
+        >>> len(measured_batches([torch.ones(2), torch.zeros(2)], "compare_lowered"))
+        2
+        >>> measured_batches([], "compare_lowered")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        qviz.errors.CalibrationError: compare_lowered got no batches: data is empty, so nothing ...
+    """
+    if max_batches is not None and (
+        isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1
+    ):
+        raise ConfigError(
+            f"{where}(max_batches={max_batches!r}): give a positive int, or None for every batch"
+        )
+    batches = []
+    for index, batch in enumerate(batches_of(data, where)):
+        if max_batches is not None and index >= max_batches:
+            break
+        check_finite(batch, f"{where}: batch {index}")
+        batches.append(batch)
+    if not batches and not allow_empty:
+        raise CalibrationError(
+            f"{where} got no batches: data is empty, so nothing would be measured; pass at least "
+            f"one batch"
+        )
+    return batches
+
+
 def checked_batches(data: Any, model: nn.Module, where: str) -> list[Any]:
-    """The batches of ``data`` as a list, each bound to ``model`` and checked first, so that a
-    bad batch stops the entry point before any model runs (named ``"{where}: batch i"``)."""
-    batches = list(batches_of(data, where))
+    """The batches of ``data`` as a list (:func:`measured_batches`: finite; none is fine), each
+    bound to ``model`` and checked first, so that a bad batch stops the entry point before any
+    model runs (named ``"{where}: batch i"``)."""
+    batches = measured_batches(data, where, allow_empty=True)  # an empty shard is fine
     for index, batch in enumerate(batches):
         bind_batch(model, batch, f"{where}: batch {index}")
     return batches

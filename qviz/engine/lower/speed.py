@@ -198,13 +198,11 @@ def compare_speed(lowered: Any, converted: GraphModule, batches: tuple[int, ...]
     """Time ``lowered`` against ``converted``'s float twin on the same backend."""
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"compare_speed(repeats={repeats!r}): give an int >= 1")
-    from qviz.engine.graph.fingerprint import fingerprint
+    from qviz.engine.graph.fingerprint import check_same_model
 
-    if fingerprint(converted) != lowered.fingerprint:
-        raise ConfigError(
-            "compare_speed(converted=...): this is not the model the program was lowered from "
-            "(its fingerprint differs): pass the converted model given to qviz.lower"
-        )
+    check_same_model(
+        lowered.fingerprint, converted, "compare_speed(converted=...)", what="the lowered program"
+    )
     from qviz.engine.graph.inputs import traced_example
 
     twin_example = traced_example(lowered._inputs_at(None), lowered.dynamic_batch)

@@ -39,6 +39,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
+from qviz.engine.graph.fingerprint import CALIBRATED_KEY, tensors_digest
 from qviz.engine.graph.get_attr import drop_unread_constants, get_attr_value
 from qviz.engine.graph.stage import Stage, is_observer, model_stage
 from qviz.engine.graph.train_eval import disallow_train_eval
@@ -53,10 +54,20 @@ from qviz.engine.pt2e.qat_undo import ForwardUndo
 from qviz.errors import CalibrationError, ConfigError
 
 
-def _saw_no_data(obs: nn.Module) -> bool:
+def saw_no_data(obs: nn.Module) -> bool:
+    """Whether observer (or fake-quantize module) ``obs`` has seen no data yet.
+
+    Example:
+        >>> from torch.ao.quantization.observer import MinMaxObserver
+        >>> obs = MinMaxObserver()
+        >>> before = saw_no_data(obs)
+        >>> _ = obs(torch.ones(2))
+        >>> before, saw_no_data(obs)
+        (True, False)
+    """
     inner = getattr(obs, "activation_post_process", None)
     if isinstance(inner, nn.Module) and not callable(getattr(obs, "convert", None)):
-        return _saw_no_data(inner)  # a fake-quantize module: its observer (the fused op
+        return saw_no_data(inner)  # a fake-quantize module: its observer (the fused op
         # updates the observer's min_val / max_val without calling it)
     if callable(getattr(obs, "convert", None)) and hasattr(obs, "block_size"):
         return obs.block_size is None  # affine observers learn their block size from data
@@ -104,7 +115,7 @@ def _check_ranges(gm: GraphModule, nodes: list[Node], plan: QuantPlan | None) ->
     NaN outputs after convert)."""
     bad = []
     for name, obs in _distinct_observers(gm, nodes).items():
-        if _saw_no_data(obs):  # (+inf, -inf): allow_uncalibrated's defaults, warned about
+        if saw_no_data(obs):  # (+inf, -inf): allow_uncalibrated's defaults, warned about
             continue
         inner = getattr(obs, "activation_post_process", obs)
         ranges = [getattr(m, k, None) for m in (obs, inner) for k in ("min_val", "max_val")]
@@ -141,7 +152,7 @@ def _check_calibrated(
     gm: GraphModule, nodes: list[Node], plan: QuantPlan | None, allow_uncalibrated: bool
 ) -> None:
     observers = _distinct_observers(gm, nodes)  # graph order, each once
-    unseen = [name for name, obs in observers.items() if _saw_no_data(obs)]
+    unseen = [name for name, obs in observers.items() if saw_no_data(obs)]
     if not unseen:
         return
     lines = [f"  {name} (observes {_observes(plan, name)})" for name in unseen]
@@ -206,6 +217,7 @@ def convert_pt2e(
     _check_arguments(model, fold_quantize, use_reference_representation)
     # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
     gm = rebind_annotations(copy.deepcopy(model))
+    gm.meta[CALIBRATED_KEY] = tensors_digest(model)  # the statistics it was converted with
     ForwardUndo.detach(gm)  # QAT's restore-on-error: a converted model changes no state
     _check_batch_norm(gm)
     renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)

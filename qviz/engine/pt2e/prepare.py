@@ -38,6 +38,7 @@ from torch.fx.node import map_arg
 
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
 from qviz.engine.graph.debug_handles import assign_handles
+from qviz.engine.graph.fingerprint import origin_of, record_origin
 from qviz.engine.graph.get_attr import drop_unread_constants
 from qviz.engine.graph.mutation import is_written_buffer_edge
 from qviz.engine.graph.stage import Stage, model_stage
@@ -354,10 +355,12 @@ def check_inputs(model: Any, quantizer: Any, where: str) -> None:
 
 def _annotated_copy(model: GraphModule, quantizer: Any) -> tuple[GraphModule, dict[str, str]]:
     """Prepare's steps 1-2 on a copy: number, fold BatchNorm, transform, annotate, validate."""
+    origin = origin_of(model)  # the float weights the numbers will be read against
     gm = assign_handles(copy.deepcopy(model))  # the same numbers as qviz.export gives
     unfolded = dict(fold_batch_norm(gm))
     transform = getattr(quantizer, "transform_for_annotation", None)
     gm = transform(gm) if transform is not None else gm
+    record_origin(gm, origin)
     quantizer.annotate(gm)
     quantizer.validate(gm)
     return gm, unfolded

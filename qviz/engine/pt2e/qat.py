@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
@@ -40,6 +39,7 @@ from torch.fx import GraphModule
 
 from qviz.engine.graph.control_flow import loop_bodies, replace_submodule
 from qviz.engine.graph.debug_handles import assign_handles
+from qviz.engine.graph.fingerprint import derived_copy
 from qviz.engine.graph.train_eval import disallow_train_eval
 from qviz.engine.observers.fake_quantize import is_fake_quantize
 from qviz.engine.pt2e.annotations import collect_specs
@@ -84,7 +84,7 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Any) -> GraphModule:
         'FusedMovingAvgObsFakeQuantize'
     """
     check_inputs(model, quantizer, "prepare_qat_pt2e")
-    gm = assign_handles(copy.deepcopy(model))
+    gm = assign_handles(derived_copy(model))  # keeps the float model's origin
     transform = getattr(quantizer, "transform_for_annotation", None)
     gm = transform(gm) if transform is not None else gm
     quantizer.annotate(gm)

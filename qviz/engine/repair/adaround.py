@@ -48,8 +48,9 @@ from torch.utils._pytree import tree_map
 
 from qviz.engine.compat import quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, handle
+from qviz.engine.graph.fingerprint import check_lineage
 from qviz.engine.graph.get_attr import get_attr_value
-from qviz.engine.graph.inputs import ModelInputs, batches_of, bind_batch
+from qviz.engine.graph.inputs import ModelInputs, bind_batch, measured_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import (
     CONV_OPS,
@@ -59,6 +60,7 @@ from qviz.engine.pt2e.passes.bn_fold import (
 )
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.engine.repair.adaround_optim import AdaRoundSettings, learn_rounding, reconstruction_loss
+from qviz.engine.repair.options import AdaRoundOptions
 from qviz.errors import CalibrationError, ConfigError, closest_names
 
 _RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
@@ -202,11 +204,11 @@ def _float_twins(float_gm: GraphModule) -> tuple[GraphModule, dict[int, Node]]:
     return fgm, {handle(n): n for n in fgm.graph.nodes if handle(n) is not None}
 
 
-def _wanted(out: GraphModule, nodes: str | Sequence[str] | None) -> set[str] | None:
+def _wanted(out: GraphModule, nodes: tuple[str, ...] | None) -> set[str] | None:
     """The conv / linear node names ``nodes`` asks for (None: every one), checked."""
     if nodes is None:
         return None
-    names = {nodes} if isinstance(nodes, str) else set(nodes)
+    names = set(nodes)
     layers = [n.name for n in out.graph.nodes if n.target in CONV_OPS | LINEAR_OPS]
     missing = sorted(names - set(layers))
     if missing:
@@ -242,13 +244,10 @@ def _layers(
 
 def _bound(converted: GraphModule, data: Any) -> list[ModelInputs]:
     """``data``'s batches bound to ``converted`` and checked before anything runs."""
-    batches = [
+    return [
         bind_batch(converted, b, f"adaround: batch {i}")
-        for i, b in enumerate(batches_of(data, "adaround"))
+        for i, b in enumerate(measured_batches(data, "adaround"))  # finite, at least one
     ]
-    if not batches:
-        raise ConfigError("adaround: data has no batches; give calibration batches")
-    return batches
 
 
 def _check_float_weight(layer: _Layer, w: torch.Tensor, stored: torch.Tensor) -> None:
@@ -339,11 +338,16 @@ def adaround(
         batch_size, lr, seed, progress: samples per iteration, Adam's learning rate on ``V``,
             the sample order (deterministic given it), a progress bar over the layers.
         nodes: round only these conv / linear nodes of ``converted`` (a layer a diagnosis
-            named); None: every quantized one.
+            named; an empty list is refused); None: every quantized one.
 
     Returns:
         A copy of ``converted``: its int weights each ``floor`` or ``ceil`` of ``w / scale`` (the
         grid unchanged), one ``TransformRecord`` per layer; layers it cannot round: a warning.
+
+    Raises:
+        ConfigError: an argument of the wrong type or out of its range, checked first
+            (:class:`~qviz.engine.repair.options.AdaRoundOptions`: integers must be integers,
+            NaN and infinity are refused), or a model at the wrong stage.
 
     Example:
         >>> import torch, qviz
@@ -356,17 +360,18 @@ def adaround(
         >>> [r.kind for r in out.plan.transforms]
         ['adaround']
     """
+    options = AdaRoundOptions(iterations=iterations, reg_param=reg_param, beta_range=beta_range,
+                              warm_start=warm_start, batch_size=batch_size, lr=lr, seed=seed,
+                              nodes=nodes, progress=progress)  # fmt: skip
     check_stage(converted, Stage.CONVERTED, where="adaround", arg="converted")
     check_stage(float_gm, Stage.FLOAT, where="adaround", arg="float_gm", exported=True)
-    settings = AdaRoundSettings(iterations=iterations, reg_param=reg_param,
-                                beta_range=tuple(beta_range), warm_start=warm_start,
-                                batch_size=batch_size, lr=lr, seed=seed)  # fmt: skip
-    wanted = _wanted(converted, nodes)
+    check_lineage(float_gm, converted, "adaround(float_gm=...)")  # its own float model
+    wanted = _wanted(converted, options.nodes)
     batches = _bound(converted, data)
     out = copy.deepcopy(converted)
     fgm, layers = _layers(out, float_gm, wanted)
     from tqdm.auto import tqdm
 
-    for layer in tqdm(layers, desc="adaround", disable=not progress):
-        record_transform(out, _round_layer(out, fgm, layer, batches, settings))
+    for layer in tqdm(layers, desc="adaround", disable=not options.progress):
+        record_transform(out, _round_layer(out, fgm, layer, batches, options))
     return out

@@ -24,46 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from qviz.errors import CalibrationError, ConfigError
+from qviz.engine.repair.options import AdaRoundSettings  # defined with the other options
+from qviz.errors import CalibrationError
 
 ZETA, GAMMA = 1.1, -0.1
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdaRoundSettings:
-    """AdaRound's optimization settings (the paper's defaults, as AIMET uses them).
-
-    Example:
-        >>> AdaRoundSettings(iterations=500).warm_start
-        0.2
-    """
-
-    iterations: int = 2000
-    reg_param: float = 0.01
-    beta_range: tuple[float, float] = (20.0, 2.0)
-    warm_start: float = 0.2
-    batch_size: int = 32  #: cached samples per iteration
-    lr: float = 1e-2  #: Adam's learning rate on V
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if int(self.iterations) < 1:
-            raise ConfigError(f"adaround: iterations must be >= 1, got {self.iterations}")
-        if not 0.0 <= self.warm_start < 1.0:
-            raise ConfigError(f"adaround: warm_start must be in [0, 1), got {self.warm_start}")
-        if len(self.beta_range) != 2 or min(self.beta_range) <= 0:
-            raise ConfigError(
-                f"adaround: beta_range must be (start, end), both > 0, got {self.beta_range}"
-            )
-        if self.reg_param < 0 or self.batch_size < 1 or self.lr <= 0:
-            raise ConfigError(
-                f"adaround: reg_param >= 0, batch_size >= 1 and lr > 0 are needed, got "
-                f"{self.reg_param}, {self.batch_size}, {self.lr}"
-            )
 
 
 def rectified_sigmoid(v: torch.Tensor) -> torch.Tensor:

@@ -48,15 +48,15 @@ import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.debug_handles import float_handle, handle
+from qviz.engine.graph.fingerprint import check_lineage
 from qviz.engine.graph.get_attr import get_attr_value
-from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.engine.graph.inputs import bind_batch, measured_batches
 from qviz.engine.graph.mutation import value_probe
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import BN_OPS, CONV_OPS, LINEAR_OPS, fused_conv_bn_params
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
+from qviz.engine.repair.options import BiasCorrectionOptions
 from qviz.errors import ConfigError
-
-_REFERENCES = ("float", "quantized")
 
 
 def _channel_means(value: torch.Tensor, linear: bool) -> tuple[torch.Tensor, int]:
@@ -144,10 +144,15 @@ def bias_correction(
         data: calibration data, as ``qviz.calibrate`` takes it, kept in memory (the converted
             model runs it once per corrected layer).
         reference: ``"float"`` or ``"quantized"``, above.
-        max_batches: use only the first batches of ``data``.
+        max_batches: use only the first batches of ``data`` (an integer >= 1; None: all).
 
     Returns:
         The corrected copy of ``converted``.
+
+    Raises:
+        ConfigError: ``reference`` or ``max_batches`` of the wrong type or out of range,
+            checked first (:class:`~qviz.engine.repair.options.BiasCorrectionOptions`), a model
+            at the wrong stage, or ``data`` with no batch.
 
     Example:
         >>> import torch, qviz
@@ -166,14 +171,13 @@ def bias_correction(
         >>> bool(after < before)
         True
     """
+    options = BiasCorrectionOptions(reference=reference, max_batches=max_batches)
+    reference = options.reference
     check_stage(converted, Stage.CONVERTED, where="bias_correction", arg="converted")
     check_stage(float_gm, Stage.FLOAT, where="bias_correction", arg="float_gm", exported=True)
-    if reference not in _REFERENCES:
-        raise ConfigError(
-            f"bias_correction: reference must be one of {_REFERENCES}, got {reference!r}"
-        )
+    check_lineage(float_gm, converted, "bias_correction(float_gm=...)")  # its own float model
     out = copy.deepcopy(converted)
-    batches = _bound(out, data, max_batches)
+    batches = _bound(out, data, options.max_batches)
     pairs = _pairs(out, float_gm)
     float_means = _float_means(float_gm, pairs, batches) if reference == "float" else _Means()
     float_params = [_float_params(float_gm, ref) for _, ref in pairs]
@@ -189,14 +193,11 @@ def bias_correction(
 
 def _bound(out: GraphModule, data: Any, max_batches: int | None) -> list[tuple]:
     """The positional inputs of each batch (at most ``max_batches``), through the one batch path."""
-    batches = []
-    for i, batch in enumerate(batches_of(data, "bias_correction")):
-        if max_batches is not None and i >= max_batches:
-            break
-        batches.append(tuple(bind_batch(out, batch, f"bias_correction: batch {i}").args))
-    if not batches:
-        raise ConfigError("bias_correction: data has no batch")
-    return batches
+    measured = measured_batches(data, "bias_correction", max_batches=max_batches)  # finite, some
+    return [
+        tuple(bind_batch(out, batch, f"bias_correction: batch {i}").args)
+        for i, batch in enumerate(measured)
+    ]
 
 
 def _pairs(out: GraphModule, float_gm: GraphModule) -> list[tuple[Node, Node]]:

@@ -27,14 +27,15 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
 
 from qviz.engine.graph.debug_handles import COMPARE_AS
+from qviz.engine.graph.fingerprint import derived_copy
 from qviz.engine.graph.get_attr import get_attr_value, set_constant
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import (
@@ -46,6 +47,7 @@ from qviz.engine.pt2e.passes.bn_fold import (
     fold_batch_norm,
 )
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
+from qviz.engine.repair.options import EqualizationOptions
 
 aten = torch.ops.aten
 
@@ -312,15 +314,20 @@ def cross_layer_equalization(
         sweeps: passes over the pairs; None (the default) repeats them until no scale moves by
             more than ``tol`` (the paper's iteration, at most ``max_sweeps``). ``sweeps=1`` is
             AIMET's ``equalize_model`` (one pass).
-        tol: convergence: the largest ``|log s|`` a sweep may still apply.
-        max_sweeps: the most sweeps when ``sweeps`` is None.
+        tol: convergence: the largest ``|log s|`` a sweep may still apply (>= 0).
+        max_sweeps: the most sweeps when ``sweeps`` is None (a warning when they run out).
         high_bias_absorption: move the part of a first layer's bias its BatchNorm statistics
             say is always positive (``max(0, beta - num_std * |gamma|)``) into the next layer's
             bias (paper section 4.2.1, as AIMET does; the float function changes slightly).
-        num_std: standard deviations kept below the absorbed bias.
+        num_std: standard deviations kept below the absorbed bias (>= 0).
 
     Returns:
         An equalized copy of ``gm``, BatchNorms folded.
+
+    Raises:
+        ConfigError: an argument of the wrong type or out of its range, checked first
+            (:class:`~qviz.engine.repair.options.EqualizationOptions`: integers must be
+            integers, NaN and infinity are refused), or ``gm`` is not a float exported graph.
 
     Example:
         >>> import torch, qviz
@@ -334,16 +341,20 @@ def cross_layer_equalization(
         >>> [r.nodes for r in eq.meta["qviz_transforms"]]
         [('linear', 'linear_1')]
     """
+    options = EqualizationOptions(
+        sweeps=sweeps, tol=tol, max_sweeps=max_sweeps,
+        high_bias_absorption=high_bias_absorption, num_std=num_std,
+    )  # fmt: skip
     check_stage(gm, Stage.FLOAT, where="cross_layer_equalization", arg="gm", exported=True)
-    if sweeps is not None and sweeps < 1:
-        raise ValueError(f"sweeps must be at least 1 (or None, until converged); got {sweeps}")
-    out = copy.deepcopy(gm)
+    out = derived_copy(gm)  # read against the float model the user started from
     bn_stats = _fold_keeping_statistics(out)
     found, skipped = _find_pairs(out)
     layers, pairs = _layers_and_pairs(out, found)
     cls_sets = _sets(pairs)
-    done = _sweep(cls_sets, sweeps, tol, max_sweeps)
-    absorbed = _absorb_high_bias(pairs, bn_stats, num_std) if high_bias_absorption else {}
+    done = _sweep(cls_sets, options)
+    absorbed = (
+        _absorb_high_bias(pairs, bn_stats, options.num_std) if options.high_bias_absorption else {}
+    )
     _write_back(out, layers)
     _record_pairs(out, pairs, cls_sets, absorbed, done, skipped)
     return out
@@ -400,15 +411,22 @@ def _layers_and_pairs(out: GraphModule, found: list) -> tuple[dict[Node, _Layer]
     return layers, pairs
 
 
-def _sweep(cls_sets: list, sweeps: int | None, tol: float, max_sweeps: int) -> int:
-    """Equalize every set ``sweeps`` times, or until no scale moves by more than ``tol``; how
-    many sweeps ran."""
-    done = 0
-    while done < (sweeps or max_sweeps):
+def _sweep(cls_sets: list, options: EqualizationOptions) -> int:
+    """Equalize every set ``sweeps`` times, or until no scale moves by more than ``tol`` (a
+    warning when ``max_sweeps`` ran out first); how many sweeps ran."""
+    sweeps, done, moved = options.sweeps, 0, 0.0
+    while done < (sweeps or options.max_sweeps):
         moved = max((_equalize_set(s) for s in cls_sets), default=0.0)
         done += 1
-        if sweeps is None and moved <= tol:
-            break
+        if sweeps is None and moved <= options.tol:
+            return done
+    if sweeps is None:
+        warnings.warn(
+            f"cross_layer_equalization did not converge in max_sweeps={options.max_sweeps} "
+            f"sweeps: a scale still moved by |log s| = {moved:.3g} > tol={options.tol:g}; the "
+            f"pairs are equalized as far as they got (raise max_sweeps or tol)",
+            stacklevel=3,
+        )
     return done
 
 

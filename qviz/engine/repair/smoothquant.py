@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -44,10 +43,12 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
+from qviz.engine.graph.fingerprint import derived_copy
 from qviz.engine.graph.get_attr import get_attr_value
-from qviz.engine.graph.inputs import batches_of, bind_batch
+from qviz.engine.graph.inputs import bind_batch, measured_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
+from qviz.engine.repair.options import SmoothQuantOptions, check_alpha
 from qviz.errors import CalibrationError, ConfigError
 
 aten = torch.ops.aten
@@ -76,18 +77,31 @@ def smoothing_factors(
     Args:
         act_max: ``max |X_j|`` per input channel, over the calibration data.
         weight_max: ``max |W_j|`` per input channel, over every linear reading ``X``.
-        alpha: the migration strength, in [0, 1] (0: weights unchanged; 1: activations flat).
+        alpha: the migration strength, a finite number in [0, 1] (0: weights unchanged; 1:
+            activations flat).
 
     Example:
         >>> smoothing_factors(torch.tensor([16.0, 1.0, 0.0]), torch.tensor([1.0, 4.0, 2.0]))
         tensor([4.0000, 0.5000, 1.0000])
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ConfigError(f"smooth_quant: alpha must be in [0, 1], got {alpha}")
+    alpha = check_alpha(alpha)
+    if not (isinstance(act_max, torch.Tensor) and isinstance(weight_max, torch.Tensor)) or (
+        act_max.shape != weight_max.shape
+    ):
+        raise ConfigError(
+            f"smoothing_factors: act_max and weight_max must be tensors of one shape (a range "
+            f"per input channel), got {_kind(act_max)} and {_kind(weight_max)}"
+        )
     act, w = act_max.double(), weight_max.double()
     s = act.pow(alpha) / w.pow(1.0 - alpha)
     keep = (act > 0) & (w > 0) & torch.isfinite(s)
     return torch.where(keep, s, torch.ones_like(s)).to(act_max.dtype)
+
+
+def _kind(value: Any) -> str:
+    return (
+        f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    )
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:
@@ -238,9 +252,7 @@ def _activation_ranges(
     """``max |X_j|`` per channel of each wanted node over ``data`` (non-finite: an error)."""
     from tqdm.auto import tqdm
 
-    batches = list(batches_of(data, "smooth_quant"))
-    if not batches:
-        raise ConfigError("smooth_quant: data has no batches; give calibration batches")
+    batches = measured_batches(data, "smooth_quant")  # finite, at least one
     bound = [bind_batch(gm, b, f"smooth_quant: batch {i}") for i, b in enumerate(batches)]
     run = _Ranges(gm, wanted)
     with torch.no_grad():
@@ -311,6 +323,11 @@ def smooth_quant(
         group (``kind="smoothquant"``) that ``prepare_pt2e`` copies into the plan. Linears that
         could not be smoothed are listed, with why, in one warning.
 
+    Raises:
+        ConfigError: ``alpha`` or ``progress`` of the wrong type or out of range, checked first
+            (:class:`~qviz.engine.repair.options.SmoothQuantOptions`), or ``gm`` is not a float
+            exported graph, or ``data`` has no batch.
+
     Example:
         >>> import torch, qviz
         >>> m = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 2)).eval()
@@ -319,17 +336,17 @@ def smooth_quant(
         >>> dict(out.meta["qviz_transforms"][0].params)["ratio_after"] < 1.001
         True
     """
+    options = SmoothQuantOptions(alpha=alpha, progress=progress)
     check_stage(gm, Stage.FLOAT, where="smooth_quant", arg="gm", exported=True)
-    smoothing_factors(torch.ones(1), torch.ones(1), alpha)  # validates alpha
-    out = copy.deepcopy(gm)
+    out = derived_copy(gm)  # read against the float model the user started from
     groups, skipped = find_groups(out)
     if skipped:
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items())
         warnings.warn(f"smooth_quant skipped {len(skipped)} linear(s): {reasons}", stacklevel=2)
     if not groups:
         return out
-    ranges = _activation_ranges(out, {g.source for g in groups}, data, progress)
+    ranges = _activation_ranges(out, {g.source for g in groups}, data, options.progress)
     for group in groups:
         if group.source in ranges:
-            record_transform(out, _smooth(out, group, ranges[group.source], alpha))
+            record_transform(out, _smooth(out, group, ranges[group.source], options.alpha))
     return out

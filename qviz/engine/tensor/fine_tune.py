@@ -35,6 +35,7 @@ from qviz.engine.compat import copy_tensors_
 from qviz.engine.graph.inputs import batch_errors, labelled_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
+from qviz.engine.user_calls import call_user
 from qviz.errors import CalibrationError, ConfigError
 
 __all__ = ["EpochRecord", "FineTuneHistory", "fine_tune"]
@@ -76,7 +77,7 @@ def _evaluate(model: nn.Module, data: Iterable, loss_fn) -> tuple[float, float]:
                 outputs, labels = model(*bound.args, **bound.kwargs), bound.target
             correct += int((outputs.argmax(1) == labels).sum())
             total += labels.numel()
-            loss += float(loss_fn(outputs, labels))
+            loss += float(_loss(loss_fn, outputs, labels, name))
             batches += 1
     return correct / max(total, 1), loss / max(batches, 1)
 
@@ -125,11 +126,28 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack([t.detach().sum() for t in tensors]).sum().isfinite())
 
 
+def _one_element(value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise TypeError("not a one-element tensor")
+    return value
+
+
+def _loss(loss_fn, outputs, labels, name: str) -> torch.Tensor:
+    """``loss_fn(outputs, labels)``: its error, or a value that is not a one-element tensor, is
+    a ConfigError naming the loss function and the batch."""
+    return call_user(
+        loss_fn, outputs, labels, role="loss_fn", where=name, convert=_one_element,
+        signature="loss_fn(outputs, labels)",
+        expected="the loss as a one-element tensor (e.g. torch.nn.CrossEntropyLoss()(outputs, "
+        "labels)), not a float: it is backpropagated",
+    )  # fmt: skip
+
+
 def _step(model, bound, optimizer, loss_fn, name: str) -> float:
     """One optimizer step on one batch; its loss, checked finite before the step is taken."""
     with batch_errors(name, "labels"):
         optimizer.zero_grad()
-        loss = loss_fn(model(*bound.args, **bound.kwargs), bound.target)
+        loss = _loss(loss_fn, model(*bound.args, **bound.kwargs), bound.target, name)
         value = float(loss.detach())  # the one device sync per step, as before
         if not math.isfinite(value):
             raise CalibrationError(

@@ -430,6 +430,69 @@ def other_call_scenario(rank: int, world: int, group) -> dict:
     return _raised(lambda: compare(gm, converted, data, progress=False, group=group))
 
 
+# -- a rank that never joins an exchange: the ranks left waiting name it, in seconds ---------------
+def _prepared_linear():
+    data = [torch.randn(4, 4, generator=torch.Generator().manual_seed(0))]
+    gm = qviz.export(nn.Linear(4, 3).eval(), (data[0],))
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    return qviz.prepare_pt2e(gm, quantizer), data
+
+
+def alone_scenario(rank: int, world: int, group) -> dict:
+    """Rank BAD calibrates alone (group=False) while the others calibrate with the group."""
+    prepared, data = _prepared_linear()
+    mine = False if rank == BAD else group
+    return _raised(lambda: qviz.calibrate(prepared, data, progress=False, group=mine))
+
+
+def twice_scenario(rank: int, world: int, group) -> dict:
+    """Rank 0 calibrates twice with the group, the others once."""
+    prepared, data = _prepared_linear()
+
+    def calls() -> None:
+        for _ in range(2 if rank == 0 else 1):
+            qviz.calibrate(prepared, data, progress=False, group=group)
+
+    return _raised(calls)
+
+
+#: scenario -> (world size; the ranks that leave after it, as a rank whose script ends; what
+#: the ranks left waiting must name)
+LEAVES = {
+    "alone": (3, [BAD], ["rank 1 (it made 0 exchange", "group=False"]),
+    "twice": (2, [1], ["rank 1 (it made 1 exchange"]),
+}
+
+
+def leave_worker(rank: int, world: int, setup: tuple[str, int], outdir: str) -> None:
+    """One rank of the LEAVES scenario ``setup = (name, port)``: its result saved to
+    ``outdir/rank<r>.pt``; a leaving rank then exits (its sockets close, as when a script
+    ends: the exchange of the ranks left waiting fails), the others destroy the process group
+    once all of them are done (a file store is their barrier: rank 0 hosts the group's store,
+    which the others read when their exchange fails)."""
+    import torch.distributed as dist
+
+    name, port = setup
+    _, leaving, _ = LEAVES[name]
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        result = globals()[f"{name}_scenario"](rank, world, dist.group.WORLD)
+    except Exception:
+        result = {"crashed": traceback.format_exc()}
+    torch.save({name: result}, os.path.join(outdir, f"rank{rank}.pt"))
+    if rank in leaving:
+        os._exit(0)  # a destroyed group may keep its sockets (torch.export holds it): exit
+    done = dist.FileStore(os.path.join(outdir, "barrier"), world - len(leaving))
+    done.add("done", 1)
+    while done.add("done", 0) < world - len(leaving):
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
 #: scenario -> what every rank's message must name
 FAILURES = {
     "bad_max_batches": ("rank 1", "max_batches"),

@@ -43,9 +43,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(world: int, outdir) -> list[dict]:
+def _spawn(world: int, outdir, worker=w.worker, port=None) -> list[dict]:
+    port = _free_port() if port is None else port
     context = mp.start_processes(
-        w.worker, args=(world, _free_port(), str(outdir)), nprocs=world, join=False,
+        worker, args=(world, port, str(outdir)), nprocs=world, join=False,
         start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + DEADLINE_S
@@ -310,3 +311,31 @@ def test_an_unitialised_group_argument_is_refused_with_the_fix():
     )
     with pytest.raises(qviz.ConfigError, match="init_process_group"):
         qviz.calibrate(prepared, [torch.randn(2, 4)], progress=False, group=object())
+
+
+@pytest.fixture(scope="module", params=list(w.LEAVES))
+def leavers(request, tmp_path_factory):
+    """(scenario, every rank's result) of a LEAVES scenario, in a spawn of its own."""
+    name = request.param
+    world = w.LEAVES[name][0]
+    outdir = tmp_path_factory.mktemp(f"leave_{name}")
+    return name, _spawn(world, outdir, w.leave_worker, (name, _free_port()))
+
+
+def test_a_rank_that_never_joins_an_exchange_is_named_by_the_ranks_left_waiting(leavers):
+    """A rank that calibrates with group=False while the others pass the group (3 ranks), or
+    a rank that calls once fewer than rank 0 (2 ranks), then exits: the ranks left in the
+    exchange raise a ConfigError naming that rank and what it did, within seconds, instead of
+    gloo's raw "Connection closed by peer"; the leaving ranks raise nothing."""
+    name, results = leavers
+    _, leaving, named = w.LEAVES[name]
+    for rank, outcome in enumerate(_results((len(results), results), name)):
+        error = outcome["error"]
+        if rank in leaving:
+            assert error == "no error", f"rank {rank}: {error}"
+            continue
+        assert error.startswith("ConfigError: calibrate: the exchange between the ranks"), error
+        assert "did not join it" in error and "the backend said" in error, error
+        for text in named:
+            assert text in error, f"rank {rank}: {error}"
+        assert outcome["seconds"] < RAISE_WITHIN_S, f"rank {rank}: {outcome['seconds']:.1f} s"

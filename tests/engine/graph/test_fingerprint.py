@@ -15,13 +15,23 @@ from tests.helpers.two_models import two_models
 pytest.importorskip("pandas")
 
 
-def test_one_model_has_one_fingerprint_across_copies_stages_and_programs():
+def test_one_model_has_one_graph_fingerprint_across_copies_stages_and_programs():
     small = two_models().small
     fp = fingerprint(small.quantized)
-    assert fp == fingerprint(copy.deepcopy(small.quantized)) == fingerprint(small.prepared)
-    assert fp == fingerprint(torch.export.export(small.quantized, (small.x,)))
-    assert fp == fingerprint(small.float)  # no BatchNorm folded: the same operators
+    assert fp == fingerprint(copy.deepcopy(small.quantized))  # every part, the tensors too
+    same_graph = [small.prepared, torch.export.export(small.quantized, (small.x,)), small.float]
+    assert {fingerprint(m).digest for m in same_graph} == {fp.digest}  # no BatchNorm folded
     assert fp.operators == 1
+
+
+def test_the_stages_of_one_model_share_its_lineage():
+    small = two_models().small
+    float_fp, prepared_fp = fingerprint(small.float), fingerprint(small.prepared)
+    quantized_fp = fingerprint(small.quantized)
+    assert float_fp.origin == float_fp.tensors  # a float model is its own origin
+    assert prepared_fp.origin == quantized_fp.origin == float_fp.tensors
+    assert quantized_fp.calibrated == prepared_fp.tensors  # converted with these statistics
+    assert len({float_fp.tensors, prepared_fp.tensors, quantized_fp.tensors}) == 3
 
 
 def test_another_model_with_the_same_names_has_another_fingerprint():
@@ -40,9 +50,9 @@ def test_a_report_knows_the_models_it_measured():
 
 def test_a_report_of_another_model_is_refused_naming_both():
     models = two_models()
-    with pytest.raises(ConfigError, match=r"test: the report measured another model \(model "
-                       r"\w{16} \(1 operator\)\) than this one \(model \w{16} \(2 operators\)\)"
-                       r".*run qviz.numeric.compare on this model"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"test: the report measured another model than this "
+                       r"one: other operators \(model \w{16} \(1 operator\) against model \w{16} "
+                       r"\(2 operators\)\).*run qviz.numeric.compare on this model"):  # fmt: skip
         check_fingerprint(models.small.report, models.large.quantized, "test")
 
 
