@@ -286,6 +286,8 @@ def _accepts(record: Any, this: Fingerprint) -> bool:
             continue
         if fp.digest == this.digest and (not fp.tensors or fp.tensors == this.tensors):
             return True
+        if fp.digest == this.digest and not this.tensors:  # an ExportedProgram: its graph only
+            return True
     return bool(measured.calibrated) and measured.calibrated == this.tensors
 
 
@@ -367,8 +369,8 @@ def check_same_model(made_from: Fingerprint, model: Any, where: str, *, what: st
         >>> check_same_model(fingerprint(model), model, "here", what="the record")
     """
     this = fingerprint(model)
-    if this == made_from:
-        return
+    if this == made_from or (this.digest == made_from.digest and not this.tensors):
+        return  # the same model, or its ExportedProgram (whose tensors are not read)
     why = made_from.difference(this) or "another model"
     raise ConfigError(
         f"{where}: {what} was made from another model than this one: {why}; pass the model it "

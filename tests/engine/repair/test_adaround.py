@@ -163,7 +163,7 @@ def test_errors():
     model, data = _convnet()
     gm, converted = _convert(model, data, qmax=3)
     other = qviz.export(ConvNet().eval(), (data[0],), dynamic_batch=True)
-    with pytest.raises(ConfigError, match="more than one step"):
+    with pytest.raises(ConfigError, match="prepared from another float model"):
         adaround(converted, other, data, iterations=5, progress=False)
     with pytest.raises(ConfigError, match="adaround takes"):
         adaround(gm, gm, data, iterations=5, progress=False)
