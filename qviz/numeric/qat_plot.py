@@ -82,13 +82,67 @@ def _events(axes: list[Any], events: list[Any]) -> None:
     top = axes[0]
     right = max([top.get_xlim()[1]] + [e.step + 1.0 for e in events])  # a mark on the last
     top.set_xlim(right=right)  # step is drawn inside the axes, not on their edge
-    for i, event in enumerate(events):  # one below the other, on the left of late lines
-        late = event.step + 0.5 > top.get_xlim()[0] + 0.6 * (right - top.get_xlim()[0])
-        top.annotate(event.text, (event.step + 0.5, 0.96 - 0.16 * (i % 5)),
-                     xycoords=("data", "axes fraction"), xytext=(-3 if late else 3, 0),
-                     textcoords="offset points", va="top", ha="right" if late else "left",
-                     color="tab:red", fontsize=MIN_FONT_PT,
+    taken: list[tuple[float, float, float, float]] = []
+    for i, event in enumerate(events):  # each beside its line, where no curve or name is
+        x = event.step + 0.5
+        width, height = _text_size(top, event.text)
+        left = _side(top, x, width, i, len(events))
+        span = (x - width, x) if left else (x, x + width)
+        y = _free_height(top, span, height, taken)
+        taken.append((*span, y - height, y))
+        top.annotate(event.text, (x, y), xycoords=("data", "axes fraction"),
+                     xytext=(-3 if left else 3, 0), textcoords="offset points", va="top",
+                     ha="right" if left else "left", color="tab:red", fontsize=MIN_FONT_PT,
                      bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1})  # fmt: skip
+
+
+def _text_size(ax: Any, text: str) -> tuple[float, float]:
+    """A mark's name's width (data units of x) and height (axes fraction), estimated from its
+    length (at most 0.6 em a character) and the axes' size."""
+    box = ax.get_position()
+    fig_w, fig_h = ax.figure.get_size_inches()
+    lo, hi = ax.get_xlim()
+    width_pt, height_pt = box.width * fig_w * 72, box.height * fig_h * 72
+    width = (len(text) * 0.6 * MIN_FONT_PT + 8) / max(width_pt, 1.0) * (hi - lo)
+    return width, 1.5 * MIN_FONT_PT / max(height_pt, 1.0)
+
+
+def _side(ax: Any, x: float, width: float, index: int, count: int) -> bool:
+    """Whether a mark's name goes left of its line: the first mark's to the left and the last's
+    to the right (so two names never sit between their two lines), where there is room."""
+    lo, hi = ax.get_xlim()
+    room_left, room_right = x - width >= lo, x + width <= hi
+    if index == 0 and count > 1 and room_left:
+        return True
+    if index == count - 1 and room_right:
+        return False
+    return room_left and (not room_right or x - lo > hi - x)
+
+
+def _free_height(
+    ax: Any, span: tuple[float, float], height: float, taken: list[tuple[float, ...]]
+) -> float:
+    """The highest top (axes fraction) for a name over ``span`` that no curve passes through
+    and no other name covers; where none is free, the one fewest curve points cross."""
+    ax.get_ylim()  # settles the autoscaled limits the transform below reads
+    to_axes = ax.transData + ax.transAxes.inverted()
+    points = [
+        to_axes.transform(xy)
+        for line in ax.get_lines() if line.get_linestyle() != "--"
+        for xy in line.get_xydata() if span[0] - 1 <= xy[0] <= span[1] + 1
+    ]  # fmt: skip
+    best, fewest = 0.97, math.inf
+    y, gap = 0.97, 0.4 * height  # a gap of about half a line between a name and a curve
+    while y - height >= 0.02:
+        crossing = sum(y - height - gap <= py <= y + gap for _, py in points)
+        overlaps = any(a < span[1] and span[0] < b and lo < y and y - height < hi
+                       for a, b, lo, hi in taken)  # fmt: skip
+        if not crossing and not overlaps:
+            return y
+        if not overlaps and crossing < fewest:
+            best, fewest = y, crossing
+        y -= 0.04
+    return best
 
 
 def _heat(fig: Any, ax: Any, series: dict[str, list[Any]], steps: list[int]) -> None:

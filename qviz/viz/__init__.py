@@ -5,6 +5,7 @@ Explorer node data (:func:`to_model_explorer`).
 
 Each view reads records (the QuantPlan, observers' and calibrators' statistics) and returns an
 object that renders itself: a :class:`QGraph` (SVG in Jupyter) or a matplotlib Figure.
+:func:`folded` shows a cell's output folded under a one-line summary (an exercise's solution).
 
 Example:
     >>> import torch, qviz
@@ -17,6 +18,7 @@ Example:
 """
 
 from qviz.viz.capabilities import capabilities
+from qviz.viz.folded import folded
 from qviz.viz.graphs import QGraph, graph
 from qviz.viz.histograms import histogram
 from qviz.viz.history_plot import history_plot
@@ -29,6 +31,7 @@ __all__ = [
     "QGraph",
     "capabilities",
     "clipping_tradeoff_plot",
+    "folded",
     "graph",
     "histogram",
     "history_plot",

@@ -296,7 +296,7 @@ def _legend_rows(
     if stage == "converted":
         rows += [
             (_STYLE["quantize"][0], "quantize (scale, zero_point)"),
-            (_STYLE["dequantize"][0], "dequantize; int8 weight: stored integer weight"),
+            (_STYLE["dequantize"][0], "dequantize; weight: stored integers (bits, storage dtype)"),
         ]
     if "float" in kinds:
         rows.append((_STYLE["float"][0], "left in float (hover: reason)"))

@@ -34,8 +34,10 @@ class ViewNode:
     ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
     ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``); ``kernel`` what a
     lowered program runs the op on (``"integer"`` or ``"float"``, see ``graph(lowered=...)``)
-    and ``kernel_op`` that kernel's operator; ``category`` a class drawn as the box's colour,
-    ``(name, colour)`` (see ``graph(metrics=diagnosis, metric_column="cause")``).
+    and ``kernel_op`` that kernel's operator, ``kernel_reason`` why a float kernel runs it (the
+    backend's reason, shown on hover, also on a collapsed box); ``category`` a class drawn as
+    the box's colour, ``(name, colour)`` (see ``graph(metrics=diagnosis,
+    metric_column="cause")``).
     """
 
     name: str
@@ -51,6 +53,7 @@ class ViewNode:
     kernel: str = ""
     kernel_op: str = ""
     category: tuple[str, str] | None = None
+    kernel_reason: str = ""
 
 
 @dataclass(frozen=True)

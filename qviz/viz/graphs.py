@@ -365,7 +365,8 @@ def _marked(node: Any, record: Any) -> Any:
     tooltip = node.tooltip
     if record.reason:
         tooltip = f"{record.kernel} kernel {record.op}: {record.reason}\\n{tooltip or node.name}"
-    return replace(node, kernel=record.kernel, kernel_op=record.op, tooltip=tooltip)
+    return replace(node, kernel=record.kernel, kernel_op=record.op, tooltip=tooltip,
+                   kernel_reason=record.reason or "")  # fmt: skip
 
 
 def _span(metric_range: Any) -> tuple[float, float] | None:

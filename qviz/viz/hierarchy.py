@@ -150,9 +150,12 @@ def _box(box: ViewNode, inside: list[ViewNode], higher_is_better: bool) -> ViewN
         kernel_op = (
             f"{len(floats)} of {len(runs)} op{plural}" if floats else f"{len(runs)} op{plural}"
         )
-        if floats:
-            names = ", ".join(f"{n.name} ({n.kernel_op})" for n in floats)
-            tooltip = f"float kernels: {names}\\n{tooltip}".rstrip("\\n")
+        if floats:  # each with the backend's reason, as on the op's own box
+            names = "\\n".join(
+                f"{n.name} ({n.kernel_op}): {n.kernel_reason}" if n.kernel_reason
+                else f"{n.name} ({n.kernel_op})" for n in floats
+            )  # fmt: skip
+            tooltip = "\\n".join(t for t in (f"float kernels:\\n{names}", tooltip) if t)
     return replace(
         box, detail=detail, tooltip=tooltip, count=count, value=value, kernel=kernel,
         kernel_op=kernel_op, category=_box_category(inside),

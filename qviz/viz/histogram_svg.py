@@ -3,7 +3,8 @@
 :func:`qviz.viz.histogram` draws with matplotlib (about 0.5 s with its table); a widget that
 redraws on every slider move needs a few milliseconds. This renderer writes the same data (the
 same bins, the same method lines) straight into SVG text: the observed counts as one path, a
-dashed line per method, a dotted one for the observer's own range, axis ticks, and a legend.
+dashed line per method, a dotted one for the observer's own range, axis ticks, and a legend in
+a band above the plot, never over the counts.
 
 Example:
     >>> import torch
@@ -80,22 +81,24 @@ def histogram_svg(
     _check_size(width, height, min_text_px)
     counts, edges = _display_bins(data.counts, data.edges)
     x_lo, x_hi = _x_range(counts, edges, data)
-    plot_w, plot_h = width - _PAD_L - _PAD_R, height - _PAD_T - _PAD_B
+    legend = _legend_layout(data, width)
+    top = legend[-1][2] + _LEGEND_ROW + 6 if legend else _PAD_T  # the plot starts under it
+    plot_w, plot_h = width - _PAD_L - _PAD_R, height - top - _PAD_B
 
     def sx(x: float) -> float:
         return _PAD_L + (x - x_lo) / (x_hi - x_lo) * plot_w
 
-    sy = _y_scale(counts, log, plot_h)
+    sy = _y_scale(counts, log, plot_h, top)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" '
         f'font-size="{FONT_SIZE}"{_fluid(width, min_text_px)}>',
         f'<text x="{_PAD_L}" y="15" font-size="{TITLE_SIZE}">{html.escape(data.title)}</text>',
-        _bars(counts, edges, sx, sy, _PAD_T + plot_h),
-        _axes(x_lo, x_hi, sx, plot_w, plot_h, data.signed),
-        _y_label(plot_h, log),
+        _bars(counts, edges, sx, sy, top + plot_h),
+        _axes(x_lo, x_hi, sx, plot_w, plot_h, data.signed, top),
+        _y_label(plot_h, log, top),
     ]
-    parts += _lines(data, sx, plot_h, highlight)
+    parts += _lines(data, sx, plot_h, highlight, top, legend)
     parts.append("</svg>")
     return "".join(parts)
 
@@ -110,7 +113,28 @@ def _x_range(counts: Any, edges: Any, data: HistogramData) -> tuple[float, float
     return x_lo - pad, x_hi + pad
 
 
-def _y_scale(counts: Any, log: bool, plot_h: float) -> Any:
+#: The legend band: the height of one row of entries, the width of a swatch and its gap, and
+#: the width of a character (Helvetica's are at most about 0.6 em) to place entries by.
+_LEGEND_ROW, _SWATCH, _CHAR_EM = FONT_SIZE + 4, 22, 0.6
+
+
+def _legend_layout(data: HistogramData, width: int) -> list[tuple[str, float, float]]:
+    """Where each labelled line's legend entry goes, ``(label, x, y)``: left to right in rows
+    above the plot, a new row when an entry would pass the drawing's right edge."""
+    placed: list[tuple[str, float, float]] = []
+    x, y = float(_PAD_L), float(_PAD_T)
+    for _, _, label in data.lines:
+        if not label:
+            continue
+        w = _SWATCH + len(label) * FONT_SIZE * _CHAR_EM + 14
+        if placed and x + w > width - _PAD_R:
+            x, y = float(_PAD_L), y + _LEGEND_ROW
+        placed.append((label, x, y))
+        x += w
+    return placed
+
+
+def _y_scale(counts: Any, log: bool, plot_h: float, plot_top: float = _PAD_T) -> Any:
     """``count -> y`` in the plot: linear from 0, or logarithmic from half the smallest count."""
     top = max((float(c) for c in counts), default=1.0) or 1.0
     floor = min((float(c) for c in counts if c > 0), default=1.0) * 0.5
@@ -121,7 +145,7 @@ def _y_scale(counts: Any, log: bool, plot_h: float) -> Any:
             t = (math.log10(c) - math.log10(floor)) / ((math.log10(top) - math.log10(floor)) or 1)
         else:
             t = c / top
-        return _PAD_T + (1 - t) * plot_h
+        return plot_top + (1 - t) * plot_h
 
     return sy
 
@@ -152,10 +176,12 @@ def _bars(counts: Any, edges: Any, sx: Any, sy: Any, base: float) -> str:
     return f'<path d="{"".join(points)}" fill="#a6a6a6" stroke="none" data-gid="observed"/>'
 
 
-def _axes(x_lo: float, x_hi: float, sx: Any, plot_w: float, plot_h: float, signed: bool) -> str:
-    base = _PAD_T + plot_h
+def _axes(
+    x_lo: float, x_hi: float, sx: Any, plot_w: float, plot_h: float, signed: bool, top: float
+) -> str:
+    base = top + plot_h
     out = [
-        f'<rect x="{_PAD_L}" y="{_PAD_T}" width="{plot_w}" height="{plot_h}" fill="none" '
+        f'<rect x="{_PAD_L}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
         f'stroke="#555"/>'
     ]
     for t in _ticks(x_lo, x_hi):
@@ -169,8 +195,8 @@ def _axes(x_lo: float, x_hi: float, sx: Any, plot_w: float, plot_h: float, signe
     return "".join(out)
 
 
-def _y_label(plot_h: float, log: bool) -> str:
-    y = _PAD_T + plot_h / 2
+def _y_label(plot_h: float, log: bool, top: float) -> str:
+    y = top + plot_h / 2
     text = "count (log)" if log else "count"
     return (
         f'<text x="{_PAD_L - 10}" y="{y:.1f}" text-anchor="middle" '
@@ -178,8 +204,15 @@ def _y_label(plot_h: float, log: bool) -> str:
     )
 
 
-def _lines(data: HistogramData, sx: Any, plot_h: float, highlight: str | None) -> list[str]:
-    out, legend_y = [], _PAD_T + 13
+def _lines(
+    data: HistogramData,
+    sx: Any,
+    plot_h: float,
+    highlight: str | None,
+    top: float,
+    legend: list[tuple[str, float, float]],
+) -> list[str]:
+    out, entries = [], iter(legend)
     for gid, x, label in data.lines:
         method = gid.split(":", 1)[1]
         observer = gid.startswith("observer")
@@ -188,18 +221,19 @@ def _lines(data: HistogramData, sx: Any, plot_h: float, highlight: str | None) -
         widest = 3.2 if method == highlight else 1.6
         px = sx(x)
         out.append(
-            f'<line x1="{px:.1f}" y1="{_PAD_T}" x2="{px:.1f}" y2="{_PAD_T + plot_h}" '
+            f'<line x1="{px:.1f}" y1="{top}" x2="{px:.1f}" y2="{top + plot_h}" '
             f'stroke="{colour}" stroke-width="{widest}" stroke-dasharray="{dash}" '
             f'data-gid="{html.escape(gid)}" data-x="{x:.6g}"/>'
         )
-        if label:
-            right = _PAD_L + 8
+        if label:  # in the band above the plot: never over the counts
+            _, left, y = next(entries)
+            mid = y + FONT_SIZE * 0.62
             out.append(
-                f'<line x1="{right}" y1="{legend_y - 3}" x2="{right + 18}" y2="{legend_y - 3}" '
+                f'<line x1="{left:.1f}" y1="{mid:.1f}" x2="{left + 18:.1f}" y2="{mid:.1f}" '
                 f'stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>'
-                f'<text x="{right + 22}" y="{legend_y}">{html.escape(label)}</text>'
+                f'<text x="{left + _SWATCH:.1f}" y="{y + FONT_SIZE:.1f}" '
+                f'data-legend="{html.escape(gid)}">{html.escape(label)}</text>'
             )
-            legend_y += FONT_SIZE + 3
     return out
 
 

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from itertools import pairwise
 
@@ -231,6 +232,23 @@ def _qdq_group(node: Node, plan: QuantPlan | None) -> GroupRecord | None:
     return None
 
 
+def weight_kind(dtype: str, group: GroupRecord | None) -> str:
+    """How a stored weight is labelled: its storage dtype, or its bit width when its integer
+    range is narrower than the dtype's (4-bit weights are stored in int8: ``4-bit (int8)``).
+
+    Example:
+        >>> weight_kind("int8", None)
+        'int8'
+    """
+    spec = group.spec if group is not None else None
+    low, high = getattr(spec, "quant_min", None), getattr(spec, "quant_max", None)
+    if not isinstance(low, int) or not isinstance(high, int) or high <= low:
+        return dtype
+    bits = math.ceil(math.log2(high - low + 1))
+    stored = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32}.get(dtype)
+    return f"{bits}-bit ({dtype})" if stored is not None and bits < stored else dtype
+
+
 def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     group = _qdq_group(node, plan)
     op = op_name(node)
@@ -244,8 +262,8 @@ def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     src = node.args[0] if node.args else None
     if isinstance(src, Node) and src.op == "get_attr":
         value = get_attr_value(gm, src, default=None)
-        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
-        detail = f"{dtype} weight {tuple(getattr(value, 'shape', ()))}\\n{detail}".strip()
+        stored = weight_kind(str(getattr(value, "dtype", "")).replace("torch.", ""), group)
+        detail = f"{stored} weight {tuple(getattr(value, 'shape', ()))}\\n{detail}".strip()
     tooltip = describe_group(group) if group is not None else node.format_node()
     # no module of its own: sit with the op it feeds (dequantize) or reads (quantize)
     users = list(node.users)

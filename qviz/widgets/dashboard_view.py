@@ -81,7 +81,9 @@ def _header(delta: bool) -> str:
 
 
 def history_html(history: list[dict[str, Any]]) -> str:
-    """The runs as a table: layers in float, output SQNR and metric, each against the first."""
+    """The runs as a table: layers in float (or the remedy), output SQNR and metric, and each
+    one's change against the run before it (as a RepairSession's Δ: what that run changed);
+    the line above the table gives the first and the last run's output SQNR."""
     if not history:
         return ""
     first = history[0]
@@ -90,19 +92,22 @@ def history_html(history: list[dict[str, Any]]) -> str:
     for i, run in enumerate(history):
         style = ' style="font-weight:bold;background:#eef6ee"' if i == len(history) - 1 else ""
         names = (run.get("remedy") if repair else ", ".join(run["fallback"])) or "none (as given)"
-        d_sqnr = run["output_sqnr"] - first["output_sqnr"]
+        previous = history[i - 1] if i else None
+        d_sqnr = f"{run['output_sqnr'] - previous['output_sqnr']:+.2f}" if previous else ""
         metric, d_metric = "", ""
         if run["metric"] is not None:
             metric = f"{run['metric']:.4g}"
-            if first["metric"] is not None:
-                d_metric = f"{run['metric'] - first['metric']:+.4g}"
+            if previous is not None and previous["metric"] is not None:
+                d_metric = f"{run['metric'] - previous['metric']:+.4g}"
         body.append(
             f"<tr{style}><td>{i}</td><td>{html.escape(names)}</td>"
-            f"<td>{run['output_sqnr']:.2f}</td><td>{d_sqnr:+.2f}</td>"
+            f"<td>{run['output_sqnr']:.2f}</td><td>{d_sqnr}</td>"
             f"<td>{metric}</td><td>{d_metric}</td></tr>"
         )
     change = "remedy" if repair else "layers in float (fallback)"
-    head = "".join(f"<th>{h}</th>" for h in ("run", change, "output SQNR dB", "Δ", "metric", "Δ"))
+    delta = '<th title="change against the run before (the row above)">Δ vs prev.</th>'
+    head = "".join(f"<th>{h}</th>" for h in ("run", change, "output SQNR dB")) + delta
+    head += "<th>metric</th>" + delta
     last = history[-1]
     summary = (
         f"<div>before → after: output SQNR <b>{first['output_sqnr']:.2f} → "
@@ -232,7 +237,7 @@ class DashboardView:
                 self.status,
             ]
         )
-        top = split(self.graph, panel, graph_width="45%")
+        top = split(self.graph, panel, graph_width="45%", panel_width=440)
         self.widget = w.VBox([top, self.detail_note, self.detail])
 
     def on_batch(self, done: int, total: int) -> None:

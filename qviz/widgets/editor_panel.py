@@ -106,7 +106,10 @@ def panel_html(info: dict[str, Any], error: str | None) -> str:
     """The panel: selection heading, float reason, tensors table, edits, error."""
     parts = []
     if info["kind"] == "none":
-        parts.append("<i>Click a node, an edge or an observer in the graph.</i>")
+        parts.append(
+            "<i>Click a node, an edge or an observer in the graph, or choose a tensor "
+            "in the <b>edit</b> dropdown.</i>"
+        )
     else:
         where = f" in {html.escape(info['module'])}" if info.get("module") else ""
         parts.append(f"<b>{html.escape(info['kind'])} {html.escape(info['name'])}</b>{where}")

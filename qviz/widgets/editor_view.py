@@ -28,6 +28,8 @@ _QSCHEMES = [KEEP, "per_tensor_affine", "per_tensor_symmetric", "per_channel_sym
 _OBSERVERS = [KEEP, "HistogramObserver", "MinMaxObserver", "MovingAverageMinMaxObserver",
               "PerChannelMinMaxObserver"]  # fmt: skip
 _METHODS = [KEEP, "l2", "max", "percentile", "entropy", "mse"]
+#: The edit dropdown's first option while nothing is selected.
+_CHOOSE = "(choose a tensor, or click the graph)"
 
 
 def changes_from(values: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +171,9 @@ class EditorView:
         self.panel.value = panel_html(info, editor.error)
         c = self.controls
         targets = self._targets(info)
-        c["target"].options = targets
+        c["target"].options = (  # nothing selected yet: the first option says what to do
+            targets if targets[0] else [(_CHOOSE, ""), *((t, t) for t in targets[1:])]
+        )
         c["target"].value = targets[0]
         tensors = [NONE] + [str(r.tensor) for r in editor.plan.tensors]
         if list(c["share_with"].options) != tensors:
@@ -206,10 +210,13 @@ class EditorView:
         c["quantize"].value, c["fixed"].value = True, False
 
     def _targets(self, info: dict[str, Any]) -> list[str]:
-        """The keys an edit of the selection can address: itself, its tensors, module, op."""
+        """The keys an edit can address: the selection's (itself, its tensors, module, op)
+        first, then every other tensor of the plan, so that the dropdown offers something to
+        edit before anything is clicked (then it starts with ``""``: nothing chosen yet)."""
+        tensors = [str(r.tensor) for r in self._editor.plan.tensors]
         name = info["name"]
         if not name:
-            return [""]
+            return ["", *dict.fromkeys(tensors)]
         keys = [name]
         keys += [r["tensor"] for r in info["rows"] if r["tensor"] != name]
         if info.get("module"):
@@ -217,4 +224,4 @@ class EditorView:
         node = next((n for n in self._editor.model.graph.nodes if n.name == name), None)
         if node is not None and node.op == "call_function":
             keys.append("op:" + getattr(node.target, "__name__", str(node.target)).split(".")[0])
-        return list(dict.fromkeys(keys))
+        return list(dict.fromkeys([*keys, *tensors]))

@@ -18,15 +18,20 @@ Example:
 from __future__ import annotations
 
 import html
+import math
 from typing import Any, Protocol
 
-from qviz.viz.histogram_svg import histogram_svg, rows_html
+from qviz.viz.histogram_svg import FONT_SIZE, histogram_svg, rows_html
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.layout import MIN_TEXT_PX, row, scrolling, split
 
 #: The histogram's drawn size; it grows with the panel up to 1.25 times that, and shrinks only
 #: as far as its smallest text stays at MIN_TEXT_PX (a narrower panel scrolls it sideways).
-_HISTOGRAM_SIZE = {"width": 480, "height": 240, "min_text_px": MIN_TEXT_PX}
+_HISTOGRAM_WIDTH = 560
+_HISTOGRAM_SIZE = {"width": _HISTOGRAM_WIDTH, "height": 320, "min_text_px": MIN_TEXT_PX}
+#: The panel's width beside the graph: the histogram at its narrowest, and the panel's margins
+#: (the graph pane widens to show its whole graph only as far as the panel keeps this).
+_PANEL_WIDTH = math.ceil(_HISTOGRAM_WIDTH * MIN_TEXT_PX / FONT_SIZE) + 24
 
 
 class Explorer(Protocol):
@@ -116,7 +121,7 @@ class ExplorerView:
             if with_graph and drawn is None
             else ""
         )
-        self.widget = split(self.graph, panel, graph_width="45%")
+        self.widget = split(self.graph, panel, graph_width="40%", panel_width=_PANEL_WIDTH)
 
     def refresh(self) -> None:
         """Show the explorer's state: controls, histogram, table, status."""

@@ -22,6 +22,11 @@ it fits at a legible scale, and otherwise the legible scale with the graph's top
 (drag) and scroll (the wheel zooms) for the rest. Only the user's own zooming goes smaller.
 The pane's height follows the browser window (:data:`~qviz.widgets.layout.PANE_HEIGHT`).
 
+Not cropped at the sides where the cell has room. The legend is not part of the drawing the
+pane fits: the "legend" button shows it over the pane. A graph wider than its pane at the
+legible scale widens the pane when it opens, as far as the panel beside it keeps
+:attr:`panel_width` pixels (past that, it opens centred on its main chain).
+
 Example:
     >>> w = GraphWidget()
     >>> w.show('<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"></svg>').svg
@@ -169,6 +174,9 @@ class GraphWidget(anywidget.AnyWidget):  # type: ignore[misc]
     module_click = traitlets.Dict({"path": "", "n": 0}).tag(sync=True)
     search = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Unicode(PANE_HEIGHT).tag(sync=True)
+    #: The width (CSS px) the panel beside the pane needs (:func:`~qviz.widgets.layout.split`
+    #: sets it); 0: the pane has no neighbour to make room for.
+    panel_width = traitlets.Int(0).tag(sync=True)
     #: ``{marker name: [plan tensors]}``: what a click on an observer marker selects.
     _marker_refs = traitlets.Dict({}).tag(sync=True)
     #: ``{drawn edge "a->b": plan tensor}``: what a click on an arrow through a marker selects.

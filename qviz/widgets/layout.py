@@ -211,15 +211,23 @@ def scrolling(table_html: str) -> str:
     return f'<div class="qviz-scroll">{table_html}</div>'
 
 
-def split(graph: Any | None, panel: Any, *, graph_width: str = "48%") -> Any:
+def split(
+    graph: Any | None, panel: Any, *, graph_width: str = "48%", panel_width: int = 380
+) -> Any:
     """``graph`` (a GraphWidget) and ``panel`` side by side, the panel kept inside the cell;
     without a graph (``graph=None``), the panel alone.
+
+    A graph wider than its share at a legible scale does not open cropped where the cell has
+    room: the pane widens to show the graph's whole width as far as the panel keeps
+    ``panel_width`` pixels (the GraphWidget's first view does it, see
+    :attr:`~qviz.widgets.graph_widget.GraphWidget.panel_width`).
 
     Args:
         graph: the graph pane; it starts at ``graph_width`` and the user can drag its edge.
         panel: the controls; they get the rest of the width and the ``qviz-panel`` rules.
         graph_width: the graph's starting share of the width (a flex basis: it follows the
             cell's width as the window grows or shrinks).
+        panel_width: the width in CSS pixels the panel needs beside the graph.
     """
     import ipywidgets as w
 
@@ -228,6 +236,8 @@ def split(graph: Any | None, panel: Any, *, graph_width: str = "48%") -> Any:
     graph.layout.width = None
     graph.layout.flex = f"0 1 {graph_width}"  # its share of the cell, whatever the cell's width
     graph.layout.min_width = "200px"
+    if hasattr(graph, "panel_width"):
+        graph.panel_width = panel_width
     _prepare_panel(panel)
     return w.HBox(
         [graph, panel], layout=w.Layout(width="100%", align_items="flex-start", overflow="hidden")

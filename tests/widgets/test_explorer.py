@@ -27,7 +27,7 @@ def test_opens_on_the_first_histogram_observer(explorer):
     assert explorer.view.graph is not None and explorer.view.graph.svg.startswith("<svg")
     # the histogram scrolls sideways in a narrow panel rather than shrink its text under 10 px
     shown = explorer.view.histogram.value
-    assert shown.startswith('<div class="qviz-scroll">') and "min-width:437px" in shown
+    assert shown.startswith('<div class="qviz-scroll">') and "min-width:510px" in shown
 
 
 def test_select_by_tensor_and_lines_match_the_calibrator(explorer):

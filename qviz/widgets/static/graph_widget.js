@@ -42,8 +42,9 @@ function buildChrome(el) {
   const zoomIn = button(bar, "+", "zoom in");
   const zoomOut = button(bar, "\u2212", "zoom out");
   const reset = button(bar, "reset", "the whole graph if it fits at a legible scale, else its top at that scale");
+  const legend = button(bar, "legend", "show or hide the drawing's legend");
   const viewport = make("div", "qviz-graph-viewport", root);
-  return { root, input, count, zoomIn, zoomOut, reset, viewport };
+  return { root, input, count, zoomIn, zoomOut, reset, legend, viewport };
 }
 
 function titleOf(group) {
@@ -94,7 +95,8 @@ function fontSizes(svg) {
 
 function placeSvg(view, text) {
   view.viewport.replaceChildren();
-  view.svg = view.g = view.overlay = null;
+  view.svg = view.g = view.overlay = view.legendBox = view.legend = null;
+  if (view.legendButton) view.legendButton.hidden = true;
   const svg = text ? parseSvg(text) : null;
   if (!svg) {
     make("div", "qviz-graph-empty", view.viewport).textContent = text ? "not an SVG drawing" : "no graph";
@@ -114,7 +116,63 @@ function placeSvg(view, text) {
   widenHitAreas(g);
   view.overlay = make("g", "qviz-overlay", g, SVG_NS);
   view.viewport.appendChild(svg);
-  Object.assign(view, { svg, g, fitted: false });
+  Object.assign(view, { svg, g, fitted: false, content: undefined });
+  takeLegend(view);
+}
+
+// The legend is not part of the drawing the pane fits (a long legend beside a narrow graph
+// would make it open cropped): it leaves the drawing, and the toolbar's "legend" button shows
+// it in a box over the pane's top right, at the scale at which its text is legible (the box
+// exists only while shown).
+function takeLegend(view) {
+  const group = [...view.g.querySelectorAll("g.node")].find((n) => titleOf(n) === "legend");
+  view.legend = group ? { group, transform: group.parentElement.getAttribute("transform") } : null;
+  if (group) group.remove();
+  if (view.legendButton) view.legendButton.hidden = !group;
+  if (group && view.legendOpen) showLegend(view, true); // kept open across redraws
+}
+
+function showLegend(view, show) {
+  if (view.legendBox) view.legendBox.remove();
+  view.legendBox = null;
+  view.legendOpen = show && Boolean(view.legend);
+  if (!view.legendOpen) return;
+  const box = make("div", "qviz-graph-legend", view.viewport);
+  box.addEventListener("pointerdown", (event) => event.stopPropagation());
+  box.addEventListener("wheel", (event) => event.stopPropagation());
+  const svg = make("svg", "", box, SVG_NS);
+  const outer = make("g", "", svg, SVG_NS);
+  const inner = make("g", "", outer, SVG_NS);
+  if (view.legend.transform) inner.setAttribute("transform", view.legend.transform); // graph0's
+  inner.appendChild(view.legend.group);
+  const b = outer.getBBox(); // in outer's coordinates, before its own scale
+  const k = legibleScale(view);
+  outer.setAttribute("transform", `scale(${k}) translate(${2 - b.x} ${2 - b.y})`);
+  svg.setAttribute("width", `${k * (b.width + 4)}`);
+  svg.setAttribute("height", `${k * (b.height + 4)}`);
+  view.legendBox = box;
+}
+
+// The drawing's content (nodes, edges, clusters; not the legend nor Graphviz's background) in
+// the viewport group's coordinates: what the pane fits. Measured once per drawing, laid out.
+function contentBox(view) {
+  if (view.content === undefined) {
+    const parts = view.g.querySelectorAll(":scope g.node, :scope g.edge, :scope g.cluster");
+    let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+    for (const part of parts) {
+      const b = boxOf(view, part);
+      if (!(b.width > 0 || b.height > 0)) continue;
+      x0 = Math.min(x0, b.x);
+      y0 = Math.min(y0, b.y);
+      x1 = Math.max(x1, b.x + b.width);
+      y1 = Math.max(y1, b.y + b.height);
+    }
+    const pad = 4;
+    view.content = Number.isFinite(x0)
+      ? { x0: x0 - pad, y0: y0 - pad, w: x1 - x0 + 2 * pad, h: y1 - y0 + 2 * pad }
+      : view.box;
+  }
+  return view.content;
 }
 
 // ---- pan and zoom --------------------------------------------------------------------------
@@ -147,11 +205,43 @@ function legibleScale(view) {
 }
 
 function openScale(view, cw) {
-  return Math.max(legibleScale(view), Math.min(cw / view.box.w, MAX_OPEN_SCALE));
+  return Math.max(legibleScale(view), Math.min(cw / contentBox(view).w, MAX_OPEN_SCALE));
 }
 
 function resetScale(view, cw, ch) {
-  return Math.max(legibleScale(view), Math.min(cw / view.box.w, ch / view.box.h, MAX_OPEN_SCALE));
+  const { w, h } = contentBox(view);
+  return Math.max(legibleScale(view), Math.min(cw / w, ch / h, MAX_OPEN_SCALE));
+}
+
+// Not cropped at the sides: when the graph at the legible scale is wider than the pane's share
+// of the row, the first view widens the pane (view.el, a flex item beside the panel) as far as
+// the panel keeps model "panel_width" pixels, and gives it its share back when that suffices
+// (the row grew). Returns whether the pane's width changed (the resize that follows opens the
+// graph again). Never after the user dragged the splitter.
+function widenPane(view) {
+  const el = view.el;
+  const parent = el && el.parentElement;
+  const panelWidth = view.panelWidth ? view.panelWidth() : 0;
+  if (!parent || view.resized || !panelWidth) return false;
+  const width = el.getBoundingClientRect().width;
+  const needed = legibleScale(view) * contentBox(view).w + 16 + (width - size(view).cw);
+  const row = parent.getBoundingClientRect().width;
+  const target = Math.floor(Math.min(needed, row - panelWidth));
+  if (el.qvizShare === undefined) {
+    // not before the widget's layout gave the pane its share (it arrives a moment after the
+    // first view, and the resize it makes opens the graph again)
+    if (!el.style.flex || target <= width + 1) return false;
+    el.qvizShare = el.style.flex; // the share the widget's layout gave it, given back below
+    el.style.flex = `0 0 ${target}px`;
+    return true;
+  }
+  const percent = /([\d.]+)%/.exec(el.qvizShare);
+  const share = percent ? (row * parseFloat(percent[1])) / 100 : 0;
+  const flex = target > share + 1 ? `0 0 ${target}px` : el.qvizShare;
+  if (flex === el.qvizShare) el.qvizShare = undefined;
+  if (el.style.flex === flex) return false;
+  el.style.flex = flex;
+  return true;
 }
 
 // The x (drawing coordinates) of the drawing's spine: the median of its nodes' centres (the
@@ -172,7 +262,7 @@ function spineX(view) {
 // A graph wider than the pane opens with its spine in the middle of the pane, without empty
 // space beside the drawing.
 function openLeft(view, cw) {
-  const { x0, w } = view.box;
+  const { x0, w } = contentBox(view);
   const k = view.k;
   const spine = spineX(view);
   if (spine === null) return 8 - k * x0;
@@ -183,7 +273,12 @@ function openLeft(view, cw) {
 function fit(view, reset = false) {
   const { cw, ch } = size(view);
   if (!view.g || cw === 0 || ch === 0) return false;
-  const { x0, y0, w, h } = view.box;
+  if (view.rowObserver && !view.row && view.el && view.el.parentElement) {
+    view.row = view.el.parentElement; // the row it shares with the panel: widen as it changes
+    view.rowObserver.observe(view.row);
+  }
+  if (!reset) widenPane(view); // a wider pane: the resize that follows opens it again
+  const { x0, y0, w, h } = contentBox(view);
   view.k = reset ? resetScale(view, cw, ch) : openScale(view, cw);
   view.tx = view.k * w <= cw ? (cw - view.k * w) / 2 - view.k * x0 : openLeft(view, cw);
   view.ty = view.k * h <= ch ? (ch - view.k * h) / 2 - view.k * y0 : 8 - view.k * y0;
@@ -209,6 +304,7 @@ function addSplitter(el, root) {
     const width = Math.min(Math.max(200, start.width + event.clientX - start.x), parent - 160);
     el.style.width = `${width}px`;
     el.style.flex = `0 0 ${width}px`;
+    el.qvizResized = true; // the first view no longer widens the pane by itself
   });
   const stop = (event) => {
     if (start) grip.releasePointerCapture(event.pointerId);
@@ -418,7 +514,11 @@ function onClick(view, model, event) {
 function render({ model, el }) {
   const ui = buildChrome(el);
   addSplitter(el, ui.root);
-  const view = { viewport: ui.viewport, k: 1, tx: 0, ty: 0, fitted: false, matchIndex: 0 };
+  const view = { viewport: ui.viewport, k: 1, tx: 0, ty: 0, fitted: false, matchIndex: 0, el };
+  view.panelWidth = () => model.get("panel_width") || 0;
+  view.legendButton = ui.legend;
+  Object.defineProperty(view, "resized", { get: () => Boolean(el.qvizResized) });
+  ui.legend.addEventListener("click", () => showLegend(view, !view.legendBox));
   const refresh = () => {
     showSelected(view, model);
     showSearch(view, ui, model.get("search"), false);
@@ -468,6 +568,8 @@ function render({ model, el }) {
   ui.viewport.addEventListener("click", (event) => onClick(view, model, event));
   const resize = new ResizeObserver(onResize); // the view may render before it is attached
   resize.observe(ui.viewport);
+  // the row beside the panel grew or shrank (the window): the pane's widening follows it
+  view.rowObserver = new ResizeObserver(() => widenPane(view));
 
   const listeners = { "change:svg": draw, "change:selected": onSelected, "change:search": onSearch, "change:height": onHeight };
   for (const [name, callback] of Object.entries(listeners)) model.on(name, callback);
@@ -475,6 +577,7 @@ function render({ model, el }) {
   draw();
   return () => {
     resize.disconnect();
+    view.rowObserver.disconnect();
     for (const [name, callback] of Object.entries(listeners)) model.off(name, callback);
   };
 }

@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.test_notebooks import KERNEL_THREADS, install_solution_guard
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
     "--headless",
@@ -122,6 +124,10 @@ def _isolated_env(base: Path) -> dict[str, str]:
         folder.mkdir(parents=True, exist_ok=True)
         env[var] = str(folder)
     env["MPLBACKEND"] = "Agg"
+    # the notebooks' checks, as tests/test_notebooks.py's kernels have them: one thread (the
+    # kernel's CPU time is compared with the time a notebook states) and the solution guard
+    env["OMP_NUM_THREADS"] = KERNEL_THREADS
+    install_solution_guard(Path(env["IPYTHONDIR"]))
     spec_dir = Path(env["JUPYTER_PATH"]) / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
     spec = {

@@ -53,7 +53,7 @@ def test_annotation_editor_in_jupyterlab(lab: Any, screenshots: Path) -> None:
     page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
     output = page.locator(".jp-Cell-outputArea").last
     page.locator(".qviz-graph g.node").first.wait_for(timeout=20_000)
-    page.get_by_text("Click a node, an edge or an observer in the graph.").wait_for()
+    page.get_by_text("Click a node, an edge or an observer in the graph, or choose").wait_for()
     output.scroll_into_view_if_needed()
     page.screenshot(path=screenshots / "editor-1-opened.png")
 

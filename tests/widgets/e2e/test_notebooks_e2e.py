@@ -10,6 +10,9 @@ this interpreter), every cell is run with "Run All", and the test checks what a 
   non-zero rendered size and loaded, no output shows a traceback;
 * every widget rendered (no "Loading widget..." or "Error displaying widget" left);
 * no request left 127.0.0.1 and the page raised no JavaScript error;
+* every solution cell is still folded after Run All (its code hidden, its output a closed
+  ``<details>``), and every box a float kernel runs says why on hover;
+* the kernel's CPU time is within what the notebook's stated time allows (``check_time``);
 * the exercise's clicks, for the notebooks whose exercises click a widget (``EXERCISES``).
 
 Screenshots of the whole notebook at 1280 and 1920 px wide go to
@@ -35,7 +38,14 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.test_notebooks import check_executed
+from tests.test_notebooks import (
+    CPU_SECONDS,
+    GUARD_LINE,
+    SOLUTION_SUMMARY,
+    check_executed,
+    check_time,
+    has_reason,
+)
 from tests.widgets.e2e.conftest import Lab, graph_group, labelled
 
 pytestmark = pytest.mark.browser
@@ -214,6 +224,53 @@ def _check_rendered(page: Any, nb: nbformat.NotebookNode, name: str) -> list[dic
 
 #: The type of each value the kernel's ``Out`` holds, by execution count.
 _OUT = "{n: type(v).__name__ for n, v in Out.items()}"
+
+#: The tooltip (SVG <title> or xlink:title) of each box drawn with a float kernel's border
+#: (orange, dashed) in the outputs: what a hover shows.
+_FLOAT_TOOLTIPS = """() => [...document.querySelectorAll('.jp-Cell-outputArea svg g.node')]
+  .filter((g) => [...g.querySelectorAll('[stroke="#e6550d"]')]
+    .some((e) => e.getAttribute('stroke-dasharray')))
+  .map((g) => { const a = g.querySelector('a');
+    return (a && (a.getAttribute('xlink:title') || a.getAttribute('title')))
+      || (g.querySelector('title') || {}).textContent || ''; })"""
+
+#: For the code cells at the given indices, each scrolled into view first (JupyterLab paints only
+#: the cells in view): whether its input is collapsed, and the text its outputs show on screen (a
+#: closed <details> shows only its summary).
+_FOLDED = """async (indices) => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const frames = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const found = [];
+  for (const index of indices) {
+    const c = cells[index];
+    c.node.scrollIntoView({ block: 'start' });
+    await frames();
+    found.push([index, c.inputHidden,
+      [...c.node.querySelectorAll('.jp-OutputArea-output')].map((o) => o.innerText.trim())]);
+  }
+  return found;
+}"""
+
+
+def _check_hover_reasons(page: Any, name: str) -> None:
+    """Every box a float kernel runs says why on hover (issue: only the op's name)."""
+    for title in page.evaluate(_FLOAT_TOOLTIPS):
+        assert has_reason(title.splitlines()), f"{name}: a float-kernel box's hover: {title!r}"
+
+
+def _check_solutions_folded(page: Any, nb: Any, name: str) -> None:
+    """After Run All, every solution cell is still folded: its code hidden, and on screen of
+    its output only the fold's summary line (and the test's solution guard line)."""
+    solutions = [
+        index for index, cell in enumerate(nb.cells)
+        if "solution" in cell.metadata.get("tags", []) and cell.cell_type == "code"
+    ]  # fmt: skip
+    for index, hidden, texts in page.evaluate(_FOLDED, solutions):
+        shown = [t for t in texts if t and not t.startswith(GUARD_LINE)]
+        assert hidden and shown == [SOLUTION_SUMMARY], (
+            f"{name}: solution cell {index} is open after Run All: code hidden {hidden}, "
+            f"outputs on screen {shown}"
+        )
 
 
 def _findings(rendered: list[dict[str, Any]], width: int) -> list[str]:
@@ -402,10 +459,14 @@ def test_notebook_runs_in_jupyterlab(path: Path, lab: Any, screenshots: Path) ->
     name = path.stem
     page = lab.open_notebook_file(path)
     _record_time(screenshots, name, *run_all(page, name))
+    cpu = Lab.kernel_json(page, CPU_SECONDS)
     nb = _executed(page)
     _check_errors(nb, name)
     check_executed(nb, path.name)
+    check_time(nb, path.name, cpu)
+    _check_solutions_folded(page, nb, name)
     _wait_for_widgets(page, name)
+    _check_hover_reasons(page, name)
     layout = {}
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": SHOT_HEIGHT})
