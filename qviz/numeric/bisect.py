@@ -434,7 +434,7 @@ def bisect_lowering(
     _check(converted, lowered, tolerance)
     order = _activation_quantizes(converted)
     data = measured_batches(data, "bisect_lowering", max_batches=max_batches)  # finite, some
-    batches = list(_bound_batches(converted, data, None))
+    batches = list(_bound_batches(converted, data))
     if not order:
         raise ConfigError("bisect_lowering: there are no activation quantize operators to compare")
     below, near, outputs = _ancestry(converted, order)

@@ -41,7 +41,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qviz.engine.graph.fingerprint import check_lineage, check_same_model
-from qviz.engine.graph.inputs import batches_of, bind_batch, measured_batches
+from qviz.engine.graph.inputs import bind_batch, measured_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, MeasurementError
 from qviz.numeric.batches import output_leaves, output_pairs
@@ -242,9 +242,9 @@ def compare_lowered(
     # finite, at least one, and the same batches for both comparisons
     data = measured_batches(data, "compare_lowered", max_batches=max_batches)
     if lowered.backend != "onnxruntime":
-        result = _compare_outputs(converted, lowered, data, tolerance, max_batches)
+        result = _compare_outputs(converted, lowered, data, tolerance)
     else:
-        result = _compare_tensors(converted, lowered, data, tolerance, max_batches)
+        result = _compare_tensors(converted, lowered, data, tolerance)
     return result if float_model is None else _beside(result, float_model, converted, data)
 
 
@@ -304,7 +304,7 @@ def _beside(
 
 
 def _compare_tensors(
-    converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
+    converted: GraphModule, lowered: Any, data: list[Any], tolerance: int
 ) -> LoweringComparison:
     """Every quantized tensor: the reference's integers against onnxruntime's."""
     wanted = _activation_quantizes(converted)
@@ -316,7 +316,7 @@ def _compare_tensors(
         )
     inputs = [i.name for i in session.get_inputs()]
     totals = [[0, 0, 0] for _ in wanted]  # elements, differing, max steps
-    for args in _bound_batches(converted, data, max_batches):
+    for args in _bound_batches(converted, data):
         recorder = _Recorder(converted, wanted)
         with torch.no_grad():
             recorder.run(*args)
@@ -335,11 +335,10 @@ def _compare_tensors(
     return LoweringComparison(rows, lowered.backend, "per tensor", tolerance, lowered.fingerprint)
 
 
-def _bound_batches(converted: GraphModule, data: Any, max_batches: int | None) -> Any:
-    """Each batch's positional inputs, through the one batch path (at most ``max_batches``)."""
-    for i, batch in enumerate(batches_of(data, "compare_lowered")):
-        if max_batches is not None and i >= max_batches:
-            return
+def _bound_batches(converted: GraphModule, batches: list[Any]) -> Any:
+    """Each batch's positional inputs, through the one batch path (``batches`` are already
+    :func:`~qviz.engine.graph.inputs.measured_batches`: finite, limited, at least one)."""
+    for i, batch in enumerate(batches):
         yield bind_batch(converted, batch, f"compare_lowered batch {i}").args
 
 
@@ -396,7 +395,7 @@ def _steps_from_reference(
 
 
 def _compare_outputs(
-    converted: GraphModule, lowered: Any, data: Any, tolerance: int, max_batches: int | None
+    converted: GraphModule, lowered: Any, data: list[Any], tolerance: int
 ) -> LoweringComparison:
     """The model outputs only (a delegate runs as one call), each floating-point leaf of them
     (:func:`~qviz.numeric.batches.output_pairs`: a tuple's tensors, a ``ModelOutput``'s
@@ -404,7 +403,7 @@ def _compare_outputs(
     range (``max |output| / 127`` per batch)."""
     flat = _output_steps(converted)
     totals: dict[str, list[int]] = {}
-    for i, args in enumerate(_bound_batches(converted, data, max_batches)):
+    for i, args in enumerate(_bound_batches(converted, data)):
         where = f"compare_lowered batch {i}"
         with torch.no_grad():
             ours, theirs = converted(*args), lowered(*args)
