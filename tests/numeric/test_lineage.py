@@ -23,13 +23,6 @@ from tests.helpers.lineage_models import unchanged as _unchanged
 pytest.importorskip("pandas")
 
 
-@pytest.fixture(scope="module")
-def lowered():
-    pytest.importorskip("onnxruntime")
-    m = _models()
-    return qviz.lower(m.converted, (m.data[0],), backend="onnxruntime")
-
-
 def test_a_lowered_program_refuses_a_converted_model_with_other_qparams_or_weights(lowered):
     m = _models()
     with pytest.raises(ConfigError, match=r"compare_lowered\(converted=...\): the lowered program "

@@ -31,13 +31,6 @@ def _with_nan(batches: list[torch.Tensor], index: int) -> list[torch.Tensor]:
     return out
 
 
-@pytest.fixture(scope="module")
-def lowered():
-    pytest.importorskip("onnxruntime")
-    m = _models()
-    return qviz.lower(m.converted, (m.data[0],), backend="onnxruntime")
-
-
 def test_compare_lowered_refuses_nan_empty_and_no_batches(lowered):
     m = _models()
     with pytest.raises(CalibrationError, match=r"compare_lowered: batch 1: batch holds 1 "
