@@ -363,12 +363,16 @@ def _exercise_05(page: Any) -> None:
     editor = _cell_of(page, "label.widget-label:text-is('qscheme')")
     editor.locator("input.qviz-graph-search").fill("conv2d_4")  # centres the box in the pane
     graph_group(editor, "node", "conv2d_4").first.locator("text").first.click()
+    # the click's refresh resets the controls: choose only once the kernel holds the selection
+    Lab.wait_kernel(page, "editor.selection", "conv2d_4", timeout_s=30)
     labelled(editor, "widget-dropdown", "edit").locator("select").select_option(
         label="conv2_0_weight -> conv2d_4"
     )
     labelled(editor, "widget-dropdown", "qscheme").locator("select").select_option(
         "per_channel_symmetric"
     )
+    chosen = "[editor.view.controls[k].value for k in ('target', 'qscheme')]"
+    Lab.wait_kernel(page, chosen, ["conv2_0_weight -> conv2d_4", "per_channel_symmetric"], 30)
     editor.get_by_role("button", name="Apply").click()
     edit = {"conv2_0_weight -> conv2d_4": {"qscheme": "per_channel_symmetric"}}
     Lab.wait_kernel(page, "editor.overrides", edit, timeout_s=30)
