@@ -26,6 +26,7 @@ from qviz.numeric.calibration import (
 from qviz.numeric.compare import compare
 from qviz.numeric.detail import LayerDetail, layer_detail
 from qviz.numeric.diagnose import Cause, Diagnosis, Finding, Prescription, diagnose
+from qviz.numeric.diagnose_gain import RemedyEstimate
 from qviz.numeric.lowered import LoweringComparison, compare_lowered
 from qviz.numeric.metrics import clipped_fraction, sqnr
 from qviz.numeric.precision import search_precision
@@ -48,6 +49,7 @@ __all__ = [
     "Prescription",
     "QATMonitor",
     "QATRecord",
+    "RemedyEstimate",
     "RepairSession",
     "RepairStep",
     "bisect_lowering",

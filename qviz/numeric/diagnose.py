@@ -56,6 +56,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from collections.abc import Iterator
@@ -72,8 +73,11 @@ from qviz.engine.graph.stage import Stage, check_stage, is_observer
 from qviz.engine.pt2e.convert import saw_no_data
 from qviz.engine.pt2e.plan import require_plan
 from qviz.errors import CalibrationError, ConfigError, closest_names
+from qviz.numeric.diagnose_choice import measure_remedies
+from qviz.numeric.diagnose_gain import RemedyEstimate
 from qviz.numeric.diagnose_rules import CAUSE_COLOURS, RULES, Cause, Context, Prescription
 
+_UNMEASURED = "not measured: pass data= to diagnose to measure the remedies on {} alone"
 #: The most a finding's severity shows (dB below the threshold), so a graph's scale stays useful.
 MAX_SEVERITY = 60.0
 
@@ -91,6 +95,14 @@ class Finding:
         sqnr: dB, the layer's figure that fell below the threshold (``figure`` names it).
         figure: ``"local_sqnr"``, ``"local_worst_token_sqnr"`` or ``"local_worst_channel_sqnr"``.
         severity: dB below the threshold (at most ``MAX_SEVERITY``).
+        remedies: with data, every candidate remedy measured on this operator alone, best first
+            (:func:`~qviz.numeric.diagnose_choice.rank`); ``prescription`` is the first.
+        suggested: what the cause alone prescribes (the rule's prescription, before any
+            measurement; it is among ``remedies``).
+        local_db: the figure the remedies must raise, measured on the operator alone (NaN
+            without data): its local SQNR when that is below the threshold, else ``figure``
+            (``remedies[0].figure`` names it); it equals the report's.
+        verdict: one line on what the measurements support, or that no quantized remedy pays.
 
     Example:
         >>> f = Finding("mul", "mul", Cause.DEGENERATE, (("zeros_after", 1.0),),
@@ -108,6 +120,19 @@ class Finding:
     sqnr: float
     figure: str
     severity: float
+    remedies: tuple[RemedyEstimate, ...] = ()
+    local_db: float = math.nan
+    verdict: str = ""
+    suggested: Prescription | None = None
+
+    def __post_init__(self) -> None:
+        if self.suggested is None:
+            object.__setattr__(self, "suggested", self.prescription)
+
+    @property
+    def best_gain_db(self) -> float | None:
+        """The first remedy's measured gain on the operator alone (None: not measured)."""
+        return self.remedies[0].gain_db if self.remedies else None
 
     @property
     def facts(self) -> dict[str, Any]:
@@ -156,15 +181,17 @@ class Diagnosis:
     @property
     def df(self) -> Any:
         """One row per finding: node, op, cause, severity, figure, sqnr, action, function,
-        evidence (``name=value`` text)."""
+        gain_db (the prescription's measured gain on the operator alone; None without data),
+        verdict, evidence (``name=value`` text)."""
         import pandas as pd
 
         columns = ["node", "op", "cause", "severity", "figure", "sqnr", "action", "function",
-                   "evidence"]  # fmt: skip
+                   "gain_db", "verdict", "evidence"]  # fmt: skip
         rows = [
             {"node": f.node, "op": f.op, "cause": f.cause.value, "severity": f.severity,
              "figure": f.figure, "sqnr": f.sqnr, "action": f.prescription.action,
-             "function": f.prescription.function,
+             "function": f.prescription.function, "gain_db": f.best_gain_db,
+             "verdict": f.verdict,
              "evidence": ", ".join(f"{k}={_fmt(v)}" for k, v in f.evidence)}
             for f in self.findings
         ]  # fmt: skip
@@ -227,7 +254,8 @@ class Diagnosis:
         rows = [
             [Cell(f.node), Cell(f.cause.value), Cell(sig3(f.severity, " dB")),
              Cell(f"{f.prescription.action}\n→\u00a0"
-                  + f.prescription.function.replace(".", ".\u200b")),
+                  + f.prescription.function.replace(".", ".\u200b")
+                  + (f"\nmeasured: {f.verdict}" if f.remedies else "")),
              Cell(", ".join(f"{k}=\u200b{sig3(v)}" for k, v in f.evidence if sig3(v)))]
             for f in self.findings
         ]  # fmt: skip
@@ -329,6 +357,8 @@ def diagnose(
     threshold_db: float = 25.0,
     outlier_factor: float = 10.0,
     max_batches: int = 8,
+    min_gain_db: float = 0.5,
+    progress: bool = True,
 ) -> Diagnosis:
     """Classify each poor layer of ``report`` by cause, with evidence and a prescription.
 
@@ -345,6 +375,11 @@ def diagnose(
         outlier_factor: the ``max / median`` channel spread (and the range ratio of a shared
             group's members) counted as an outlier.
         max_batches: at most this many batches of ``data``.
+        min_gain_db: with data, a quantized remedy is prescribed only when it raises the
+            operator's own local SQNR by at least this much (measured on the operator alone,
+            :mod:`qviz.numeric.diagnose_gain`); when none does, the finding says so and
+            prescribes float.
+        progress: show a progress bar while the remedies are measured.
 
     Returns:
         A :class:`Diagnosis`: one :class:`Finding` per poor layer, the most severe first.
@@ -365,7 +400,7 @@ def diagnose(
         Diagnosis(no layer below 25 dB)
     """
     numbers = {"threshold_db": threshold_db, "outlier_factor": outlier_factor,
-               "max_batches": max_batches}  # fmt: skip
+               "max_batches": max_batches, "min_gain_db": min_gain_db}  # fmt: skip
     _check(report, prepared, data, numbers)
     plan = require_plan(prepared, "diagnose")
     rows = {str(r["node"]): r for r in report.df.to_dict("records")}
@@ -376,10 +411,37 @@ def diagnose(
         data = measured_batches(data, "diagnose", max_batches=max_batches)
         if poor:
             _measure_channels(ctx, poor, data)
-    findings = sorted((_finding(ctx, name, *worst[name]) for name in poor),
-                      key=lambda f: -f.severity)  # fmt: skip
+    findings = [_finding(ctx, name, *worst[name]) for name in poor]
+    if data is None:
+        findings = [dataclasses.replace(f, verdict=_UNMEASURED.format(f.node)) for f in findings]
+    elif findings:
+        found = {f.node: (f.prescription, _gain_figure(rows[f.node], f, threshold_db))
+                 for f in findings}  # fmt: skip
+        measured = measure_remedies(ctx, found, data, float(min_gain_db), progress)
+        findings = [_measured(f, measured.get(f.node)) for f in findings]
+    findings.sort(key=lambda f: -f.severity)
     return Diagnosis(tuple(findings), float(threshold_db), getattr(report, "fingerprint", None),
                      getattr(report, "float_fingerprint", None))  # fmt: skip
+
+
+def _gain_figure(row: dict[str, Any], finding: Finding, threshold_db: float) -> str:
+    """What a remedy must raise: the whole tensor's local SQNR when it is below the threshold
+    (a worst channel of a ruined layer can stay poor while the layer is repaired), else the
+    token's or channel's figure that fell below it."""
+    whole = row.get("local_sqnr")
+    if whole is not None and not math.isnan(float(whole)) and float(whole) < threshold_db:
+        return "local_sqnr"
+    return finding.figure
+
+
+def _measured(finding: Finding, measured: Any) -> Finding:
+    """``finding`` with its remedies measured: the best one prescribed."""
+    if measured is None:
+        return finding
+    before, ranked, verdict = measured
+    best = ranked[0].prescription if ranked else finding.prescription
+    return dataclasses.replace(finding, prescription=best, remedies=ranked, local_db=before,
+                               verdict=verdict)  # fmt: skip
 
 
 def _finding(ctx: Context, name: str, figure: str, value: float) -> Finding:

@@ -322,7 +322,7 @@ class RepairSession:
         what = "+".join(r.name for r in remedies) or "the baseline (no remedy)"
         check_figures(report.output_sqnr, report.output_problem, report.metric,
                       f"RepairSession: {what}")  # fmt: skip
-        diagnosis = diagnose(report, prepared, data=self._data)
+        diagnosis = diagnose(report, prepared, data=self._data, progress=progress)
         return _State(remedies, tuple(records), gm, quantizer, prepared, converted, quantized,
                       report, diagnosis)  # fmt: skip
 

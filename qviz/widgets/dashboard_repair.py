@@ -123,6 +123,8 @@ def finding_html(node: str | None, finding: Any, step: Any) -> str:
             f"<div>prescription: {html.escape(finding.prescription.action)} "
             f"(<code>{html.escape(finding.prescription.function)}</code>)</div>",
         ]
+        if finding.verdict:  # what measuring the remedies on this layer alone found
+            parts.append(f"<div>measured: {html.escape(finding.verdict)}</div>")
     row = _step_row(step, node)
     if row is not None:
         local, cumulative = (f"{_db(row[a])} → {_db(row[b])}" for a, b in ((1, 2), (3, 4)))

@@ -75,8 +75,8 @@ def test_an_outlier_weight_channel_is_named_and_per_channel_weights_fix_it():
     row = report.df.set_index("node").loc["conv2d"]
     assert row["local_sqnr"] > 25 > row["local_worst_channel_sqnr"]  # hidden by the average
     assert finding.figure == "local_worst_channel_sqnr"
-    assert finding.prescription.function == OVERRIDE
-    overrides = dict(finding.prescription.arguments)["overrides"]
+    assert finding.suggested.function == OVERRIDE
+    overrides = dict(finding.suggested.arguments)["overrides"]
     assert list(overrides.values()) == [{"qscheme": "per_channel_symmetric", "ch_axis": 0}]
     *_, fixed, _ = _run(model, data, quantizer=OverrideQuantizer(_quantizer(), overrides))
     assert fixed.df.set_index("node").loc["conv2d", "local_worst_channel_sqnr"] > 25
@@ -114,8 +114,8 @@ def test_activation_outlier_channels_after_a_layernorm_prescribe_smoothquant():
     expected = _lower_median_spread(torch.stack(seen).amax(0))
     assert finding.facts["channel_spread"] == pytest.approx(expected, rel=1e-5)
     assert finding.facts["widest_channel"] in (3, 7)
-    assert finding.prescription.function == "qviz.engine.repair.smooth_quant"
-    assert dict(finding.prescription.arguments)["nodes"] == ("linear_1",)
+    assert finding.suggested.function == "qviz.engine.repair.smooth_quant"
+    assert dict(finding.suggested.arguments)["nodes"] == ("linear_1",)
 
 
 def test_clipping_on_data_wider_than_calibration_is_split_from_rounding():
@@ -134,8 +134,8 @@ def test_clipping_on_data_wider_than_calibration_is_split_from_rounding():
     share = float(err[beyond].square().sum() / err.square().sum())
     assert finding.facts["clip_error_share"] == pytest.approx(share, rel=1e-4)
     assert finding.facts["float_max"] == pytest.approx(float(out.max()))
-    assert finding.prescription.function == OVERRIDE
-    fixed = dict(finding.prescription.arguments)["overrides"]["linear"]
+    assert finding.suggested.function == OVERRIDE
+    fixed = dict(finding.suggested.arguments)["overrides"]["linear"]
     low = fixed["scale"] * (qmin - fixed["zero_point"])
     high = fixed["scale"] * (qmax - fixed["zero_point"])
     assert low <= float(out.min()) + fixed["scale"] and high >= float(out.max()) - fixed["scale"]
@@ -169,7 +169,7 @@ def test_a_cat_of_branches_with_ranges_one_and_a_hundred_is_a_shared_group():
     assert facts["range_ratio"] == pytest.approx(large / small, rel=1e-5)
     members = {str(m) for m in prepared.plan.group(facts["group"]).members}
     assert {"linear", "linear_1", "cat"} <= {m.split(" ->")[0] for m in members}
-    overrides = dict(finding.prescription.arguments)["overrides"]
+    overrides = dict(finding.suggested.arguments)["overrides"]
     assert overrides and all(key.startswith("linear") and key in members for key in overrides)
     assert all(f.cause is Cause.SHARED_GROUP for f in diagnosis)  # the cat too
 
@@ -198,8 +198,8 @@ def test_a_layer_scale_of_1e_6_is_a_degenerate_range_at_0_db_and_fallback_fixes_
         q = torch.cat([converted(x) for x in data]).double()
     independent = 10 * math.log10(float(f.square().sum() / (f - q).square().sum()))
     assert finding.sqnr == pytest.approx(independent, abs=1e-6) and abs(independent) < 1e-3
-    assert finding.prescription.function == "qviz.numeric.fallback"
-    names = dict(finding.prescription.arguments)["nodes_or_module_names"]
+    assert finding.suggested.function == "qviz.numeric.fallback"
+    names = dict(finding.suggested.arguments)["nodes_or_module_names"]
     *_, fixed, _ = _run(model, data, quantizer=fallback(_quantizer(), names))
     assert "mul" not in set(fixed.df["node"]) and fixed.output_sqnr > 25
 
@@ -224,7 +224,7 @@ def test_a_broken_token_hidden_by_the_tensor_sqnr_is_a_slice():
     assert row["worst_token"] == int(per_token.argmin()) != 0
     assert finding.facts["worst_token"] == row["worst_token"]
     assert finding.facts["local_worst_token_sqnr"] < 5
-    assert finding.prescription.function == "qviz.numeric.fallback"
+    assert finding.suggested.function == "qviz.numeric.fallback"
 
 
 def test_a_healthy_model_has_no_finding_and_the_diagnosis_draws_as_a_graph_metric():
@@ -327,7 +327,7 @@ def test_a_weight_that_mostly_rounds_to_zero_is_rounding_not_a_degenerate_range(
     assert float((w.abs() < w.abs().max() / 6).double().mean()) > 0.9  # rounds to zero
     finding = _only(diagnosis, "conv2d")
     assert finding.cause is Cause.ROUNDING
-    assert finding.prescription.function != "qviz.numeric.fallback"
+    assert finding.suggested.function != "qviz.numeric.fallback"
 
 
 def test_a_slice_whose_error_is_an_offset_prescribes_bias_correction():
@@ -358,7 +358,7 @@ def test_a_slice_whose_error_is_an_offset_prescribes_bias_correction():
         err = torch.cat([converted(x) for x in data]).double()[:, 3] - f
     share = float(err.mean() ** 2 * len(err) / err.square().sum())
     assert finding.facts["worst_channel_bias_share"] == pytest.approx(share, rel=1e-6)
-    assert share > 0.9 and finding.prescription.function == "qviz.engine.repair.bias_correction"
+    assert share > 0.9 and finding.suggested.function == "qviz.engine.repair.bias_correction"
     fixed = bias_correction(converted, gm, data)
     after = qviz.numeric.compare(gm, fixed, data, progress=False).df.set_index("node")
     assert after.loc["linear", "local_worst_channel_sqnr"] > 25

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import shutil
 
@@ -281,7 +282,8 @@ def test_a_repair_session_dashboard_applies_the_prescription_and_undoes_it(broke
     assert finding.cause is Cause.OUTLIER_CHANNELS
     view = dash.view
     assert "outlier channels" in view.diagnosis.value
-    assert finding.prescription.action[:40] in view.diagnosis.value
+    assert html.escape(finding.prescription.action)[:40] in view.diagnosis.value
+    assert html.escape(finding.verdict) in view.diagnosis.value
     baseline = session.report
     dash.color_by("cause")
     assert dash.error is None

@@ -122,9 +122,9 @@ def spec_facts(spec: Any) -> ObserverFacts | None:
             "FixedQParamsObserver", spec.dtype, spec.quant_min, spec.quant_max,
             scale=float(spec.scale), zero_point=int(spec.zero_point),
         )  # fmt: skip
-    from qviz.engine.pt2e.prepare import _observer_from_spec
+    from qviz.engine.pt2e.prepare import observer_from_spec
 
-    obs = _observer_from_spec(spec, {})
+    obs = observer_from_spec(spec, {})
     eps = getattr(obs, "eps", None)
     return ObserverFacts(
         type(obs).__name__, spec.dtype, getattr(obs, "quant_min", spec.quant_min),

@@ -64,11 +64,21 @@ _WRITTEN_BUFFER = (
 )
 
 
-def _observer_from_spec(
+def observer_from_spec(
     spec: QuantizationSpecBase, made: dict[EdgeOrNode, nn.Module], is_qat: bool = False
 ) -> nn.Module:
     """An observer (QAT: fixed qparams fake-quantize) for a concrete spec, built as the
-    reference builds it (same kwargs)."""
+    reference builds it (same kwargs); ``made``: the observers already built, by edge or node
+    (a DerivedQuantizationSpec reads the ones it derives from).
+
+    Example:
+        >>> import torch
+        >>> from qviz.engine.observers import MinMaxObserver
+        >>> spec = QuantizationSpec(torch.int8, MinMaxObserver, quant_min=-128, quant_max=127,
+        ...                         qscheme=torch.per_tensor_affine)
+        >>> type(observer_from_spec(spec, {})).__name__
+        'MinMaxObserver'
+    """
     if isinstance(spec, FixedQParamsQuantizationSpec):
         from qviz.engine import observers
 
@@ -117,7 +127,7 @@ def _make_observers(sharing: Sharing, is_qat: bool) -> dict[int, nn.Module]:
         sharing.groups, key=lambda g: isinstance(sharing.spec[g], DerivedQuantizationSpec)
     )
     for g in order:
-        by_group[g] = _observer_from_spec(sharing.spec[g], made, is_qat)
+        by_group[g] = observer_from_spec(sharing.spec[g], made, is_qat)
         made.update(dict.fromkeys(sharing.groups[g], by_group[g]))
     return dict(sorted(by_group.items()))
 

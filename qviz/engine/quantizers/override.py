@@ -320,37 +320,15 @@ class _Edit:
         return _resolve(spec, before) if spec is not None else None
 
     def _new_spec(self, target: Any, before: dict[Any, Any]) -> Any:
-        ch = self.changes
-        if "share_with" in ch:
-            other = self._share_target(ch["share_with"])
+        if "share_with" in self.changes:
+            other = self._share_target(self.changes["share_with"])
             self._check_same_kind(target, other)
             return SharedQuantizationSpec(other)
         current = self._current(target, before)
-        if current is None or not isinstance(
-            current, QuantizationSpec | FixedQParamsQuantizationSpec
-        ):
-            current = self.default
-        fields = _fields_of(current)
-        fields.update({k: v for k, v in ch.items() if k in ("quant_min", "quant_max", "ch_axis")})
-        if "dtype" in ch:
-            fields["dtype"] = _DTYPES[ch["dtype"]]
-            if "quant_min" not in ch and "quant_max" not in ch:
-                fields["quant_min"], fields["quant_max"] = DTYPE_RANGES[fields["dtype"]]
-        if "qscheme" in ch:
-            fields["qscheme"] = _QSCHEMES[ch["qscheme"]]
-        try:
-            if "scale" in ch:
-                return FixedQParamsQuantizationSpec(
-                    fields["dtype"], ch["scale"], ch["zero_point"], fields["quant_min"],
-                    fields["quant_max"], fields["qscheme"],
-                )  # fmt: skip
-            if fields.get("qscheme") in _PER_CHANNEL_SCHEMES and fields.get("ch_axis") is None:
-                fields["ch_axis"] = 0 if _is_constant(target) else 1  # out-channels / channels
-            fields["observer_or_fake_quant_ctr"] = self._observer(fields, current)
-            self._check_channel_axis(target, fields)
-            return QuantizationSpec(**fields)
-        except ConfigError as exc:
-            raise ConfigError(f"overrides[{self.key!r}]: {exc}") from None
+        return edited_spec(
+            self.key, self.changes, current, self.default,
+            constant=_is_constant(target), tensor=_text(target),
+        )  # fmt: skip
 
     def _check_same_kind(self, target: Any, other: Any) -> None:
         """A weight (a constant) and an activation cannot share one observer."""
@@ -363,44 +341,11 @@ class _Edit:
                 f"measure both; share with another {kinds[mine].split(' (')[0].split()[-1]}"
             )
 
-    def _check_channel_axis(self, target: Any, fields: dict[str, Any]) -> None:
-        """Per-channel activations along axis 0 would be per-sample: refuse with the fix."""
-        if fields.get("qscheme") in _PER_CHANNEL_SCHEMES and not _is_constant(target):
-            if fields.get("ch_axis") == 0:
-                raise ConfigError(
-                    f"{_text(target)} is an activation: ch_axis=0 is its batch dimension, which "
-                    f"changes from batch to batch; use ch_axis=1 (its channels) or a per-tensor "
-                    f"qscheme"
-                )
-
     def _share_target(self, text: str) -> Any:
         if "->" in text:
             producer, _, consumer = (s.strip() for s in text.partition("->"))
             return (self._node(producer), self._node(consumer))
         return self._node(text)
-
-    def _observer(self, fields: dict[str, Any], current: Any) -> Any:
-        ch = self.changes
-        old = getattr(current, "observer_or_fake_quant_ctr", None)
-        name = ch.get("observer") or _observer_name(old)
-        per_channel = fields.get("qscheme") in _PER_CHANNEL_SCHEMES
-        if per_channel:
-            name = _PER_CHANNEL_TWIN.get(name, name)
-        else:
-            name = _PER_TENSOR_TWIN.get(name, name)
-        if name not in _OBSERVERS:
-            name = "PerChannelMinMaxObserver" if per_channel else "HistogramObserver"
-        extra: dict[str, Any] = {}
-        for option in ("method", "percentile"):
-            if option in ch:
-                if name != "HistogramObserver":
-                    raise ConfigError(
-                        f"{option}={ch[option]!r} needs observer='HistogramObserver', not {name}"
-                    )
-                extra[option] = ch[option]
-        if old is not None and _observer_name(old) == name and hasattr(old, "with_args"):
-            return old.with_args(**extra) if extra else old  # keeps its own arguments
-        return _OBSERVERS[name].with_args(eps=_EPS, **extra)
 
     # -- write it ------------------------------------------------------------------------------
     def _annotation(self, node: Node) -> Any:
@@ -432,6 +377,87 @@ class _Edit:
         target.meta.pop(Q_ANNOTATION_KEY, None)
         record_float_reason(target, USER_FALLBACK, f"override {self.key!r}: quantize=False")
         gone.add(target)
+
+
+def edited_spec(
+    key: str,
+    changes: Mapping[str, Any],
+    current: Any,
+    default: Any,
+    *,
+    constant: bool,
+    tensor: str,
+) -> Any:
+    """The spec the override ``{key: changes}`` gives one tensor whose spec is ``current``
+    (``default`` when it had none, or a shared / derived one); ``share_with`` and ``quantize``
+    are the caller's. What :class:`OverrideQuantizer` writes, for a caller that wants the spec
+    without annotating a graph (``qviz.numeric.diagnose`` measuring a remedy on one layer).
+
+    Args:
+        key: the override's key, named by errors.
+        changes: normalised changes (:func:`normalize_overrides`).
+        constant: whether the tensor is a constant (a weight: per-channel along axis 0).
+        tensor: the tensor as text, named by errors.
+
+    Example:
+        >>> default = OverrideQuantizer(None, {}).default_spec
+        >>> spec = edited_spec("fc", {"dtype": "int16"}, None, default, constant=False, tensor="fc")
+        >>> spec.dtype, spec.quant_min, spec.quant_max
+        (torch.int16, -32768, 32767)
+    """
+    if current is None or not isinstance(current, QuantizationSpec | FixedQParamsQuantizationSpec):
+        current = default
+    fields = _fields_of(current)
+    fields.update({k: v for k, v in changes.items() if k in ("quant_min", "quant_max", "ch_axis")})
+    if "dtype" in changes:
+        fields["dtype"] = _DTYPES[changes["dtype"]]
+        if "quant_min" not in changes and "quant_max" not in changes:
+            fields["quant_min"], fields["quant_max"] = DTYPE_RANGES[fields["dtype"]]
+    if "qscheme" in changes:
+        fields["qscheme"] = _QSCHEMES[changes["qscheme"]]
+    try:
+        if "scale" in changes:
+            return FixedQParamsQuantizationSpec(
+                fields["dtype"], changes["scale"], changes["zero_point"], fields["quant_min"],
+                fields["quant_max"], fields["qscheme"],
+            )  # fmt: skip
+        per_channel = fields.get("qscheme") in _PER_CHANNEL_SCHEMES
+        if per_channel and fields.get("ch_axis") is None:
+            fields["ch_axis"] = 0 if constant else 1  # out-channels / channels
+        fields["observer_or_fake_quant_ctr"] = _observer(changes, fields, current)
+        if per_channel and not constant and fields.get("ch_axis") == 0:
+            raise ConfigError(
+                f"{tensor} is an activation: ch_axis=0 is its batch dimension, which changes "
+                f"from batch to batch; use ch_axis=1 (its channels) or a per-tensor qscheme"
+            )
+        return QuantizationSpec(**fields)
+    except ConfigError as exc:
+        raise ConfigError(f"overrides[{key!r}]: {exc}") from None
+
+
+def _observer(changes: Mapping[str, Any], fields: dict[str, Any], current: Any) -> Any:
+    """The observer constructor of an edited spec: the one asked for, or the current one (its
+    per-channel / per-tensor twin when the qscheme changed kind), keeping its arguments."""
+    old = getattr(current, "observer_or_fake_quant_ctr", None)
+    name = changes.get("observer") or _observer_name(old)
+    per_channel = fields.get("qscheme") in _PER_CHANNEL_SCHEMES
+    if per_channel:
+        name = _PER_CHANNEL_TWIN.get(name, name)
+    else:
+        name = _PER_TENSOR_TWIN.get(name, name)
+    if name not in _OBSERVERS:
+        name = "PerChannelMinMaxObserver" if per_channel else "HistogramObserver"
+    extra: dict[str, Any] = {}
+    for option in ("method", "percentile"):
+        if option in changes:
+            if name != "HistogramObserver":
+                raise ConfigError(
+                    f"{option}={changes[option]!r} needs observer='HistogramObserver', not {name}"
+                )
+            extra[option] = changes[option]
+    if old is not None and _observer_name(old) == name and hasattr(old, "with_args"):
+        return old.with_args(**extra) if extra else old  # keeps its own arguments
+    return _OBSERVERS[name].with_args(eps=_EPS, **extra)
 
 
 def _is_constant(target: Any) -> bool:

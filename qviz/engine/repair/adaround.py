@@ -67,8 +67,14 @@ _RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
 
 
 @dataclass(frozen=True)
-class _Grid:
-    """A weight's quantization grid, shaped to broadcast against it."""
+class WeightGrid:
+    """A weight's quantization grid, shaped to broadcast against it.
+
+    Example:
+        >>> g = WeightGrid(torch.tensor(0.5), torch.tensor(0.0), -128, 127)
+        >>> g.nearest(torch.tensor([0.7, -0.2])), g.weight(torch.tensor([1.0, -1.0]))
+        (tensor([1., 0.]), tensor([ 0.5000, -0.5000]))
+    """
 
     scale: torch.Tensor
     zero_point: torch.Tensor
@@ -88,7 +94,7 @@ class _Grid:
 class _Layer:
     node: Node  # the conv / linear of the converted copy
     weight: Node  # the get_attr of its int weight
-    grid: _Grid
+    grid: WeightGrid
     twin: Node  # the same operator in the float graph (BatchNorm folded)
     relu: bool
 
@@ -97,7 +103,7 @@ def _value(gm: GraphModule, arg: Any) -> Any:
     return get_attr_value(gm, arg) if isinstance(arg, Node) and arg.op == "get_attr" else arg
 
 
-def _grid(gm: GraphModule, dq: Node, ndim: int) -> _Grid | None:
+def _grid(gm: GraphModule, dq: Node, ndim: int) -> WeightGrid | None:
     """The grid of a weight's ``dequantize_per_tensor`` / ``_per_channel`` (None: another op)."""
     qd = quantized_decomposed()
     args = [_value(gm, a) for a in dq.args]
@@ -112,7 +118,7 @@ def _grid(gm: GraphModule, dq: Node, ndim: int) -> _Grid | None:
         return None
     scale = torch.as_tensor(scale, dtype=torch.float32).detach()
     zp = torch.as_tensor(zp).detach().to(torch.float32)
-    return _Grid(scale, zp, int(qmin), int(qmax))
+    return WeightGrid(scale, zp, int(qmin), int(qmax))
 
 
 def _layer(gm: GraphModule, node: Node, twins: dict[int, Node]) -> _Layer | str:

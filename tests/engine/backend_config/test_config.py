@@ -22,7 +22,7 @@ from qviz.engine.backend_config import (
     pattern_name,
 )
 from qviz.engine.backend_config.observers import observer_spec
-from qviz.engine.pt2e.prepare import _observer_from_spec
+from qviz.engine.pt2e.prepare import observer_from_spec
 from qviz.errors import ConfigError
 
 ao_backend = pytest.importorskip("torch.ao.quantization.backend_config")
@@ -186,7 +186,7 @@ def test_torch_aos_default_mapping_is_read_whole():
 def test_a_torch_ao_observer_becomes_qvizs_with_the_same_qparams(ctr):
     """What prepare builds from the translated spec computes torch.ao's qparams bit for bit."""
     spec, facts = observer_spec(ctr, "activation")
-    ours, theirs = _observer_from_spec(spec, {}), ctr()
+    ours, theirs = observer_from_spec(spec, {}), ctr()
     assert type(ours).__module__.startswith("qviz.engine.observers")
     assert (facts.quant_min, facts.quant_max) == (theirs.quant_min, theirs.quant_max)
     g = torch.Generator().manual_seed(0)
