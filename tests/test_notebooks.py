@@ -803,7 +803,8 @@ def _the_remedies(nb: nbformat.NotebookNode) -> bool:
         first
         and with_outliers
         and first.group(1) == with_outliers.group(1)
-        and _gain(nb, "step = tried(session.apply(finding))") < _gain(nb, "findings[0]))") / 2
+        and _gain(nb, "step = tried(session.apply(finding.suggested))")
+        < _gain(nb, "findings[0]))") / 2
         and "outlier" not in printed(nb, 'session.diagnosis.df[["node"')
         and _gain(nb, 'session.apply("bias_correction")') > 0
         and _gain(nb, 'session.apply("adaround"') > 0

@@ -135,6 +135,22 @@ class Finding:
         return self.remedies[0].gain_db if self.remedies else None
 
     @property
+    def remedies_df(self) -> Any:
+        """The measured remedies, best first: name, gain_db, before_db, after_db (``inf``:
+        float), figure, action, function, how (empty without data)."""
+        import pandas as pd
+
+        columns = ["name", "gain_db", "before_db", "after_db", "figure", "action", "function",
+                   "how"]  # fmt: skip
+        rows = [
+            {"name": r.name, "gain_db": r.gain_db, "before_db": r.before_db,
+             "after_db": r.after_db, "figure": r.figure, "action": r.prescription.action,
+             "function": r.prescription.function, "how": r.how}
+            for r in self.remedies
+        ]  # fmt: skip
+        return pd.DataFrame(rows, columns=columns)
+
+    @property
     def facts(self) -> dict[str, Any]:
         """The evidence as a dict."""
         return dict(self.evidence)
