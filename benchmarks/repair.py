@@ -26,8 +26,9 @@ Every row gives the seconds its remedy took (for QAT: the training; for AIMET: i
 import excluded). For each model and setting the top 3 findings of
 ``qviz.numeric.diagnose`` on the plain PTQ model are printed (node, cause, layer SQNR and the
 prescribed function), to check whether the diagnosis points at the remedy that helped most, and
-the row "diagnosis' prescription" applies the worst finding's prescription through a
-``RepairSession`` (diagnosed on the calibration batches); per-tensor settings also get a
+the row "diagnosis' prescription" applies the worst finding's prescription (the remedy that
+gained most on its layer alone) through a ``RepairSession`` (diagnosed on the calibration
+batches), and "the cause's suggestion" the rule's, when they differ; per-tensor settings also get a
 "per-channel weights" row.
 qviz's AdaRound draws as many samples per iteration as AIMET's (one calibration batch), so
 their times compare. The CPU and its int8 flags are printed first.
@@ -117,21 +118,32 @@ def _adaround(converted, float_gm, calib: list, iterations: int):
                     progress=False)  # fmt: skip
 
 
-def _prescribed(gm, config, calib: list, iterations: int) -> tuple[str, Any, float]:
-    """The worst finding's prescription applied by a RepairSession (diagnosed on the
-    calibration batches, never the test split): its label, the model, the seconds it took."""
+def _prescribed(gm, config, calib: list, iterations: int) -> list[tuple[str, Any, float]]:
+    """The worst finding's prescription (the best remedy measured on its layer alone) applied by
+    a RepairSession (diagnosed on the calibration batches, never the test split), and, when it
+    differs, the suggestion of the finding's cause alone, each on a copy of the session: their
+    labels, models and the seconds each took."""
     q = XNNPACKQuantizer().set_global(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         session = RepairSession(gm, q, calib, calib, progress=False)
         if not session.diagnosis.findings:
-            return "diagnosis' prescription: none", session.quantized_model, 0.0
+            return [("diagnosis' prescription: none", session.quantized_model, 0.0)]
         worst = session.diagnosis.findings[0]
-        adaround_it = worst.prescription.function.endswith("adaround")
-        kwargs = {"iterations": iterations, "batch_size": _per_step(calib)} if adaround_it else {}
-        step = session.apply(worst, **kwargs)
-    label = f"diagnosis' prescription ({step.remedy}, {worst.node})"
-    return label, session.quantized_model, step.seconds
+        tried = [("diagnosis' prescription", worst.prescription)]
+        if worst.suggested != worst.prescription:
+            tried.append(("the cause's suggestion", worst.suggested))
+        rows = []
+        for what, prescription in tried:
+            mine = copy.deepcopy(session)
+            adaround_it = prescription.function.endswith("adaround")
+            kwargs = (
+                {"iterations": iterations, "batch_size": _per_step(calib)} if adaround_it else {}
+            )
+            step = mine.apply(prescription, **kwargs)
+            label = f"{what} ({step.remedy}, {worst.node})"
+            rows.append((label, mine.quantized_model, step.seconds))
+    return rows
 
 
 def _per_channel_row(gm, bits: int, per_channel: bool, calib: list, measure) -> list[tuple]:
@@ -154,6 +166,7 @@ def _diagnosis(gm, prepared, converted, calib: list, top: int = 3) -> list[str]:
             f"      {f.node:<24} {f.op.split('.')[-2] if '.' in f.op else f.op:<12} "
             f"{f.cause.value:<17} {f.sqnr:6.1f} dB ({f.figure}) -> {f.prescription.function}"
         )
+        lines.append(f"        measured on the layer alone: {f.verdict}")
     return lines
 
 
@@ -306,8 +319,7 @@ def _digits_setting(bits, per_channel, model, gm, cle, loaders, calib, measure) 
     qat, qat_s = _timed(lambda: _qat(bits, per_channel, inputs[0], loaders))
     rows.append(("QAT (2 epochs)", *measure(qat), qat_s))
     rows += _per_channel_row(gm, bits, per_channel, calib, measure)
-    label, fixed, fixed_s = _prescribed(gm, cfg, calib, it)
-    rows.append((label, *measure(fixed), fixed_s))
+    rows += [(label, *measure(fixed), s) for label, fixed, s in _prescribed(gm, cfg, calib, it)]
     gran = "per-channel" if per_channel else "per-tensor"
     _table(f"digits, W{bits} {gran} A8", rows, with_accuracy=True)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
@@ -374,8 +386,7 @@ def _vision_setting(name, bits, per_channel, ctx) -> None:
         ("qviz CLE + bias correction", *db(cle_bc), cle_s + bc_s),
         *_per_channel_row(gm, bits, per_channel, calib, db),
     ]
-    label, fixed, fixed_s = _prescribed(gm, cfg, calib, it)
-    rows.append((label, *db(fixed), fixed_s))
+    rows += [(label, *db(fixed), s) for label, fixed, s in _prescribed(gm, cfg, calib, it)]
     gran = "per-channel" if per_channel else "per-tensor"
     _table(f"{name}, W{bits} {gran} A8", rows, with_accuracy=False)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
@@ -465,8 +476,8 @@ def run_encoder() -> None:
                 s,
             )
         )
-    label, fixed, fixed_s = _prescribed(gm, cfg, calib, DIGITS_ITERATIONS)
-    rows.append((label, None, _sqnr(reference, fixed, test), fixed_s))
+    for label, fixed, s in _prescribed(gm, cfg, calib, DIGITS_ITERATIONS):
+        rows.append((label, None, _sqnr(reference, fixed, test), s))
     _table("encoder, W8A8 per-tensor", rows, with_accuracy=False)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
 

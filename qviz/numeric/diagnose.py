@@ -34,6 +34,14 @@ rounding                local SQNR against the grid's theoretical     bias corre
 Prescriptions name the qviz function that applies them as a string (``function``) with its
 arguments; the repair transforms live in :mod:`qviz.engine.repair`.
 
+A prescription is a claim, so with ``data`` it is measured: each poor operator runs alone on
+the float model's inputs to it, and each candidate remedy (the cause's suggestion, per-channel
+weights, bias correction, AdaRound, a 16-bit grid, float) is tried there
+(:mod:`qviz.numeric.diagnose_gain`). ``Finding.prescription`` is then the best that pays
+(:func:`~qviz.numeric.diagnose_choice.rank`), ``Finding.suggested`` the cause's own, and
+``Finding.verdict`` says in one line what was measured, or that no remedy keeping the layer's
+grid gains ``min_gain_db``.
+
 Example:
     >>> import torch, qviz
     >>> from torch import nn
