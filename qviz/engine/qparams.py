@@ -19,10 +19,17 @@ Example:
     (0, 15)
     >>> round(symmetric_scale(0.9921, num_bits=8), 6)
     0.007812
+    >>> bits_of_range(-127, 127)
+    8
+    >>> scale, zero_point = affine_qparams(-1.0, 3.0, -128, 127)
+    >>> round(scale, 6), zero_point
+    (0.015686, -64)
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +38,11 @@ from qviz.errors import ConfigError
 
 __all__ = [
     "DTYPE_RANGES",
+    "FLOAT32_EPS",
     "MAX_NUM_BITS",
     "QParams",
+    "affine_qparams",
+    "bits_of_range",
     "clip_limits",
     "quant_range",
     "symmetric_scale",
@@ -41,6 +51,9 @@ __all__ = [
 
 #: The widest integer grid the float32 arithmetic of fake quantization represents exactly.
 MAX_NUM_BITS = 16
+
+#: The smallest scale PyTorch's observers allow by default (``torch.finfo(torch.float32).eps``).
+FLOAT32_EPS: float = torch.finfo(torch.float32).eps
 
 #: Full integer range of each quantized storage dtype, as PyTorch's observers use them.
 DTYPE_RANGES: dict[torch.dtype, tuple[int, int]] = {
@@ -87,6 +100,102 @@ def quant_range(
         return 0, 2**num_bits - 1
     quant_max = 2 ** (num_bits - 1) - 1
     return (-quant_max if narrow_range else -quant_max - 1), quant_max
+
+
+def bits_of_range(quant_min: int, quant_max: int) -> int:
+    """Bit width of the smallest integer container that holds ``[quant_min, quant_max]``.
+
+    Defined as ``(quant_max - quant_min).bit_length()``: the number of bits needed to count the
+    range's ``quant_max - quant_min`` steps. It is the inverse of :func:`quant_range`:
+    ``bits_of_range(*quant_range(b, unsigned=u, narrow_range=n)) == b`` for every valid
+    combination, so a narrow (symmetric) range is still held in a ``b``-bit container:
+    ``[-127, 127]`` is 8 bits, like ``[-128, 127]`` and ``[0, 255]``. It equals
+    ``ceil(log2(quant_max - quant_min + 1))`` (the bits to number every level) computed exactly on
+    integers. A single-level range ``[q, q]`` has 0 bits.
+
+    Args:
+        quant_min, quant_max: the integer range; anything ``operator.index`` accepts (Python or
+            NumPy ints, integer 0-dim tensors), but not bools.
+
+    Raises:
+        ConfigError: a bound is not an integer, or ``quant_min > quant_max``.
+
+    Example:
+        >>> bits_of_range(-128, 127), bits_of_range(0, 255), bits_of_range(-127, 127)
+        (8, 8, 8)
+        >>> bits_of_range(0, 15), bits_of_range(-8, 7)
+        (4, 4)
+    """
+    low = _as_int("quant_min", quant_min)
+    high = _as_int("quant_max", quant_max)
+    if low > high:
+        raise ConfigError(f"quant_min {low} must be <= quant_max {high}")
+    return (high - low).bit_length()
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(
+            f"{name} must be an int, got {value!r} ({type(value).__name__})"
+        ) from None
+
+
+def affine_qparams(
+    low: float, high: float, quant_min: int, quant_max: int, *, eps: float = FLOAT32_EPS
+) -> tuple[float, int]:
+    """``(scale, zero_point)`` of the affine grid ``[quant_min, quant_max]`` over ``[low, high]``.
+
+    PyTorch's affine formula, on Python floats (float64):
+
+    * the range always includes zero: ``low = min(low, 0)``, ``high = max(high, 0)``;
+    * ``scale = max((high - low) / (quant_max - quant_min), eps)``;
+    * ``zero_point = clamp(quant_min - round(low / scale), quant_min, quant_max)``.
+
+    A degenerate range (``[0, 0]`` once zero is included) gets ``scale = eps`` and
+    ``zero_point = quant_min``, as PyTorch's observers give it. The observers themselves compute
+    the same formula on float32 tensors (``qviz.engine.observers.uniform``): their scale is a
+    float32 number, generally not bit-identical to this float64 one (on float64 statistics they
+    agree bit for bit). Use this function for qparams derived from Python numbers (a prescribed
+    range, a report), not to reproduce an observer.
+
+    Args:
+        low, high: the float range to cover (finite).
+        quant_min, quant_max: the integer grid, ``quant_min < quant_max``.
+        eps: smallest scale (>= 0); the default is PyTorch's observer default. With ``eps=0.0``
+            the formula is used as is, and a degenerate range raises.
+
+    Raises:
+        ConfigError: a non-finite bound, an empty grid, a negative eps, or a zero scale.
+
+    Example:
+        >>> scale, zero_point = affine_qparams(-1.0, 3.0, -128, 127)  # 4 / 255
+        >>> round(scale, 6), zero_point
+        (0.015686, -64)
+        >>> affine_qparams(0.5, 2.0, 0, 255)  # zero included: [0, 2]
+        (0.00784313725490196, 0)
+        >>> affine_qparams(0.0, 0.0, -128, 127) == (FLOAT32_EPS, -128)
+        True
+    """
+    qmin = _as_int("quant_min", quant_min)
+    qmax = _as_int("quant_max", quant_max)
+    if not qmin < qmax:
+        raise ConfigError(f"quant_min {qmin} must be < quant_max {qmax}")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ConfigError(f"the range [{low}, {high}] must be finite to give affine qparams")
+    if not eps >= 0:
+        raise ConfigError(f"eps={eps!r} must be >= 0")
+    low, high = min(low, 0.0), max(high, 0.0)
+    scale = max((high - low) / (qmax - qmin), eps)
+    if scale == 0:
+        raise ConfigError(
+            f"the range [{low}, {high}] is degenerate and eps=0 gives a zero scale; pass eps > 0"
+        )
+    zero_point = int(min(max(qmin - round(low / scale), qmin), qmax))
+    return scale, zero_point
 
 
 def symmetric_scale(amax: float | torch.Tensor, *, num_bits: int = 8, unsigned: bool = False):

@@ -60,7 +60,7 @@ from qviz.engine.observers.base import check_bool, check_int
 from qviz.engine.observers.binning import histc, rebin
 from qviz.engine.observers.l2_search import l2_search
 from qviz.engine.observers.uniform import UniformQuantizationObserverBase
-from qviz.engine.qparams import MAX_NUM_BITS
+from qviz.engine.qparams import MAX_NUM_BITS, bits_of_range
 from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator
 from qviz.errors import CalibrationError, ConfigError
 
@@ -169,7 +169,7 @@ min=-1 max=1)
         owner = type(self).__name__
         if switchable is not None:
             check_bool(owner, "switchable", switchable)
-        num_bits = (self.quant_max - self.quant_min).bit_length()
+        num_bits = bits_of_range(self.quant_min, self.quant_max)
         supported = 2 <= num_bits <= MAX_NUM_BITS
         needed = self._method != "l2" or bool(switchable)
         if needed and not supported:

@@ -217,6 +217,8 @@ class UniformQuantizationObserverBase(ObserverBase):
             amax = torch.max(-min_neg, max_pos)
             scale = torch.max(amax / (float(quant_max - quant_min) / 2), self.eps)
             return scale, torch.full(scale.shape, self._symmetric_zero_point(), device=scale.device)
+        # qparams.affine_qparams is this formula on Python floats (float64); torch computes it on
+        # the statistics' float32 tensors, so this keeps its own arithmetic to stay bitwise equal.
         scale = torch.max((max_pos - min_neg) / float(quant_max - quant_min), self.eps)
         zero_point = quant_min - torch.round(min_neg / scale).to(torch.int)
         return scale, torch.clamp(zero_point, quant_min, quant_max)

@@ -283,7 +283,9 @@ def fixed_qparams_spec(op: object, spec: QuantizationSpec) -> FixedQParamsQuanti
     """The fixed output qparams of ``op`` on ``spec``'s integer grid (e.g. sigmoid: 1/256, -128).
 
     The op's output range [low, high] is spread over the whole grid: scale = (high - low) /
-    (quant_max - quant_min + 1), and zero_point maps ``low`` to quant_min.
+    (quant_max - quant_min + 1), and zero_point maps ``low`` to quant_min. This is the fixed-qparams
+    convention of torch's ``default_fixed_qparams_range_*`` (sigmoid: 1/256 over 256 levels), not
+    the observers' affine formula (:func:`qviz.engine.qparams.affine_qparams`, 1/255).
 
     Example:
         >>> from qviz.engine.quantizers.config import get_symmetric_quantization_config
