@@ -30,23 +30,22 @@ simulation: qviz's converted model, AIMET's QuantizationSimModel.
 from __future__ import annotations
 
 import sys
-import time
 import warnings
 from collections import Counter
 from typing import Any
 
 import torch
+from _machine import Stopwatch, cpu, set_threads
 from precision_amp import amp_search
-from repair import _cpu, _vision_model
+from repair import _vision_model
 from sensitivity import _encoder
 
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.quantizers.fallback import module_path
-from qviz.numeric import search_precision
-from qviz.numeric.metrics import sqnr
-from qviz.numeric.precision_cost import layer_counts
+from qviz.numeric import search_precision, sqnr
+from qviz.numeric.precision.cost import layer_counts
 
 TARGET_DB = {"resnet18": 25.0, "mobilenet_v2": 25.0, "encoder": 30.0}
 _NAMES = {(4, 8): "w4a8", (8, 8): "w8a8", (8, 16): "w8a16", (None, None): "float"}
@@ -107,12 +106,12 @@ def _qviz(case: dict[str, Any]) -> dict[str, Any]:
     quantizer = XNNPACKQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=True)
     )
-    start = time.perf_counter()
-    result = search_precision(case["gm"], quantizer, case["test"], metric=case["metric"],
-                              candidates=[_NAMES[c] for c in case["candidates"]], cost="bops",
-                              calibration_data=case["calib"], progress=False,
-                              **case["target"])  # fmt: skip
-    seconds = time.perf_counter() - start
+    with Stopwatch() as watch:
+        result = search_precision(case["gm"], quantizer, case["test"], metric=case["metric"],
+                                  candidates=[_NAMES[c] for c in case["candidates"]],
+                                  cost="bops", calibration_data=case["calib"], progress=False,
+                                  **case["target"])  # fmt: skip
+    seconds = watch.seconds
     full = [e for e in result.evaluations if e.point is not None]
     chosen = [e for e in full if e.point == result.chosen]
     return {
@@ -161,9 +160,9 @@ def _line(tool: str, row: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> None:
     names = argv or ["digits", "digits:0.01", "resnet18", "mobilenet_v2", "encoder"]
-    torch.set_num_threads(2)
+    set_threads(2)
     warnings.simplefilter("ignore")
-    print(f"CPU: {_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"CPU: {cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print(f"  {'tool':<6}{'GBOP':>10}{'figure':>10}{'screen':>8}{'full':>6}{'time s':>9}  mix")
     for name in names:
         case = _case(name)

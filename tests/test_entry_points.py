@@ -27,7 +27,7 @@ from qviz.engine.tensor.fine_tune import fine_tune
 from qviz.engine.tensor.quant_modules import quantize_model
 from qviz.errors import ConfigError
 from qviz.numeric import compare, compare_calibrators, compare_configs, layer_detail, sensitivity
-from qviz.numeric.compare_modules import compare_modules
+from qviz.numeric.compare.modules import compare_modules
 
 
 class Net(nn.Module):

@@ -57,7 +57,16 @@ PUBLIC_MODULES = {
     "qviz.engine.tensor.quant_nn",
     "qviz.engine.tensor.quant_modules",
     "qviz.engine.tensor.fine_tune",
+    "qviz.display",
     "qviz.numeric",
+    "qviz.numeric.measure",
+    "qviz.numeric.compare",
+    "qviz.numeric.variants",
+    "qviz.numeric.lowering",
+    "qviz.numeric.diagnose",
+    "qviz.numeric.repair",
+    "qviz.numeric.precision",
+    "qviz.numeric.qat",
     "qviz.viz",
     "qviz.widgets",
 }
@@ -98,7 +107,7 @@ def test_names_users_know_from_pytorch_quantization():
     assert callable(qviz.export_onnx) and "export_onnx" in qviz.__all__
 
 
-LAYERS = ["qviz.engine", "qviz.numeric", "qviz.viz", "qviz.widgets"]
+LAYERS = ["qviz.engine", "qviz.display", "qviz.numeric", "qviz.viz", "qviz.widgets"]
 
 
 def _imports(path) -> set[str]:
@@ -121,7 +130,8 @@ def _folder(layer: str):
 
 @pytest.mark.parametrize("layer", [layer for layer in LAYERS if _folder(layer).is_dir()])
 def test_dependencies_point_one_way(layer):
-    """engine <- numeric <- viz <- widgets: a layer never imports the layers above it."""
+    """engine <- display <- numeric <- viz <- widgets: a layer never imports the layers above it;
+    display imports nothing of qviz but its errors."""
     above = LAYERS[LAYERS.index(layer) + 1 :]
     folder = _folder(layer)
     assert any(folder.rglob("*.py"))
@@ -130,6 +140,8 @@ def test_dependencies_point_one_way(layer):
             assert not name.startswith(tuple(above)), f"{path} imports {name}"
             if layer == "qviz.engine":
                 assert name.split(".")[0] not in OPTIONAL, f"{path} imports {name}"
+            if layer == "qviz.display" and name.split(".")[0] == "qviz":
+                assert name == "qviz.errors" or name.startswith("qviz.display"), f"{path}: {name}"
 
 
 def test_subpackages_load_on_first_attribute_access_after_a_plain_import():
@@ -143,7 +155,7 @@ def test_subpackages_load_on_first_attribute_access_after_a_plain_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:3] == [
         "[]",
-        "qviz.numeric.compare qviz.viz.graphs",
+        "qviz.numeric.compare.compare qviz.viz.graphs",
         "AnnotationEditor True",
     ]
     with pytest.raises(AttributeError, match="no attribute 'vizz'"):
@@ -224,6 +236,71 @@ def test_engine_subpackages_point_one_way(layer):
                     if upper == "qviz.engine.pt2e":  # its passes are below it, not above
                         hit = hit and not name.startswith("qviz.engine.pt2e.passes")
                     assert not hit, f"{path.relative_to(root)} imports {name}"
+
+
+#: Inside the numeric suite, a topic imports only the topics of lower rank (and itself):
+#: measure <- compare <- {variants, lowering, diagnose} <- {repair, precision}; qat builds on
+#: measure and compare only.
+NUMERIC_ORDER = {
+    "measure": 0,
+    "compare": 1,
+    "variants": 2,
+    "lowering": 2,
+    "diagnose": 2,
+    "repair": 3,
+    "precision": 3,
+    "qat": 2,
+}
+NUMERIC_ALLOWED = {"qat": {"measure", "compare"}}
+
+
+def _numeric_topic(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if parts[:2] == ["qviz", "numeric"] and len(parts) > 2 else None
+
+
+def test_numeric_topics_are_the_folders():
+    from pathlib import Path
+
+    folder = Path(qviz.__file__).parent / "numeric"
+    assert {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()} == set(NUMERIC_ORDER)
+    assert [p.name for p in folder.glob("*.py")] == ["__init__.py"]  # no flat module left
+
+
+@pytest.mark.parametrize("topic", sorted(NUMERIC_ORDER))
+def test_numeric_topics_point_one_way(topic):
+    """measure never imports compare; compare never imports variants, lowering or diagnose, which
+    never import each other, repair or precision (function-level imports included)."""
+    from pathlib import Path
+
+    root = Path(qviz.__file__).parent.parent
+    allowed = NUMERIC_ALLOWED.get(topic) or {
+        t for t, rank in NUMERIC_ORDER.items() if rank < NUMERIC_ORDER[topic]
+    }
+    files = sorted((root / "qviz" / "numeric" / topic).rglob("*.py"))
+    assert files
+    for path in files:
+        for name in _all_imports(path):
+            other = _numeric_topic(name)
+            if other in NUMERIC_ORDER and other != topic:
+                assert other in allowed, f"{path.relative_to(root)} imports {name}"
+            assert name != "qviz.numeric", f"{path.relative_to(root)} imports the suite's root"
+
+
+def test_only_views_and_plots_of_numeric_import_matplotlib():
+    """A numeric topic's records and computation never draw: matplotlib and qviz.display (the
+    figure factory, the HTML tables, the bands) are imported only by the topic's view / plot
+    module, lazily where the records call it."""
+    from pathlib import Path
+
+    root = Path(qviz.__file__).parent.parent
+    drawing = []
+    for path in sorted((root / "qviz" / "numeric").rglob("*.py")):
+        names = _all_imports(path)
+        if any(n.split(".")[0] == "matplotlib" or n.startswith("qviz.display") for n in names):
+            drawing.append(path.relative_to(root).as_posix())
+            assert path.stem.endswith(("view", "plot", "plots")), f"{path} draws"
+    assert drawing  # the test sees the plots at all
 
 
 HEADLINE = [

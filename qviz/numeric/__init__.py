@@ -7,7 +7,12 @@ its own (local) error and the error it inherits (cumulative), in a :class:`Numer
 culprit in float, :func:`compare_configs` shows each layer under several configs, and
 :func:`search_precision` finds the cheapest per-layer precisions that meet an accuracy target.
 
-pandas is imported only by the functions that return DataFrames.
+One folder per topic, each holding its records, its computation and its own thin view (drawn
+with :mod:`qviz.display`); the imports point one way: :mod:`~qviz.numeric.measure` <-
+:mod:`~qviz.numeric.compare` <- {:mod:`~qviz.numeric.variants`, :mod:`~qviz.numeric.lowering`,
+:mod:`~qviz.numeric.diagnose`} <- {:mod:`~qviz.numeric.repair`, :mod:`~qviz.numeric.precision`};
+:mod:`~qviz.numeric.qat` builds on measure and compare only. pandas is imported only by the
+functions that return DataFrames.
 
 Example:
     >>> import torch
@@ -16,25 +21,35 @@ Example:
     inf
 """
 
-from qviz.numeric.bisect import BisectionResult, bisect_lowering
-from qviz.numeric.calibration import (
+from qviz.numeric.compare import (
     CalibrationChoice,
+    LayerDetail,
+    NumericReport,
     calibration_choices,
+    compare,
     compare_calibrators,
+    layer_detail,
     layer_tensors,
 )
-from qviz.numeric.compare import compare
-from qviz.numeric.detail import LayerDetail, layer_detail
-from qviz.numeric.diagnose import Cause, Diagnosis, Finding, Prescription, diagnose
-from qviz.numeric.diagnose_gain import RemedyEstimate
-from qviz.numeric.lowered import LoweringComparison, compare_lowered
-from qviz.numeric.metrics import clipped_fraction, sqnr
-from qviz.numeric.precision import search_precision
-from qviz.numeric.precision_result import PrecisionResult
-from qviz.numeric.qat_monitor import QATMonitor, QATRecord
-from qviz.numeric.repair_session import RepairSession, RepairStep
-from qviz.numeric.report import NumericReport
-from qviz.numeric.sensitivity import compare_configs, fallback, sensitivity
+from qviz.numeric.diagnose import (
+    Cause,
+    Diagnosis,
+    Finding,
+    Prescription,
+    RemedyEstimate,
+    diagnose,
+)
+from qviz.numeric.lowering import (
+    BisectionResult,
+    LoweringComparison,
+    bisect_lowering,
+    compare_lowered,
+)
+from qviz.numeric.measure import clipped_fraction, sqnr
+from qviz.numeric.precision import PrecisionResult, search_precision
+from qviz.numeric.qat import QATMonitor, QATRecord
+from qviz.numeric.repair import RepairSession, RepairStep
+from qviz.numeric.variants import compare_configs, fallback, sensitivity
 
 __all__ = [
     "BisectionResult",

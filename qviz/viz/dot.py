@@ -83,7 +83,7 @@ def _metric_range(view: GraphView) -> tuple[float, float] | None:
 def _value_colour(
     value: float, span: tuple[float, float], higher_is_better: bool = True, bands: Any = None
 ) -> str:
-    if bands is not None:  # fixed bands (qviz.viz.bands): the same colour in every drawing
+    if bands is not None:  # fixed bands (qviz.display.bands): the same colour in every drawing
         return bands.colour(value) or _MUTED
     lo, hi = span
     if math.isinf(value):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch.fx import GraphModule, Node
 
-from qviz.viz.bands import Bands
+from qviz.display.bands import Bands
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class GraphView:
     ``higher_is_better`` says which end is green; ``partition`` names the backend whose
     kernels the ops are marked with ("" when none); ``categories`` lists the classes the
     boxes are coloured by, ``(name, colour)`` each, for the legend (empty when none);
-    ``metric_bands`` (a :class:`qviz.viz.bands.Bands`) colours the values by fixed bands
+    ``metric_bands`` (a :class:`qviz.display.bands.Bands`) colours the values by fixed bands
     instead of the span's gradient (None: the gradient).
     """
 

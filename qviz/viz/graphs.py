@@ -47,9 +47,9 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from qviz.display.bands import Bands
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.errors import ConfigError, MissingDependencyError, closest_names
-from qviz.viz.bands import Bands
 from qviz.viz.dot import to_digraph
 from qviz.viz.graph_records import GraphView
 from qviz.viz.hierarchy import collapse as collapse_view
@@ -319,7 +319,7 @@ def _apply_metrics(
 def _check_bands(bands: Any, span: Any) -> None:
     if bands is not None and not isinstance(bands, Bands):
         raise ConfigError(
-            f"metric_bands must be a qviz.viz.bands.Bands (e.g. qviz.viz.bands.SQNR), got "
+            f"metric_bands must be a qviz.display.bands.Bands (e.g. qviz.display.bands.SQNR), got "
             f"{type(bands).__name__}"
         )
     if bands is not None and span is not None:
@@ -419,7 +419,7 @@ def graph(
         higher_is_better: green for high values (SQNR, the default); False for errors (MSE).
         lowered: ``qviz.lower(model, ...)``: each op's border says whether the lowered program
             runs it on an integer kernel (blue) or a float one (orange, dashed; hover: why).
-        metric_bands: fixed colour bands, the same in every drawing (``qviz.viz.bands.SQNR``).
+        metric_bands: fixed colour bands, the same in every drawing (``qviz.display.bands.SQNR``).
         fold: in a notebook, fold it (True), never (False), or past 2200 px tall (None, default).
 
     Returns:

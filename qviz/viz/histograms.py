@@ -47,12 +47,12 @@ from typing import Any
 import torch
 
 from qviz.engine.observers import HistogramObserver, OrderFreeHistogramObserver
-from qviz.engine.qparams import clip_limits, quant_range, symmetric_scale
+from qviz.engine.qparams import bits_of_range, clip_limits, quant_range, symmetric_scale
 from qviz.engine.tensor.calib import CalibMethod, HistogramCalibrator, MaxCalibrator
 from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError
-from qviz.numeric.metrics import histogram_clipped_fraction
+from qviz.numeric.measure.metrics import histogram_clipped_fraction
 
 _DEFAULT_METHODS = ("max", "percentile", "entropy", "mse")
 _DISPLAY_BINS = 256  # bins drawn (neighbours summed); the numbers use every bin
@@ -101,7 +101,7 @@ class HistogramData:
 def new_figure(**kwargs: Any) -> Any:
     """A matplotlib Figure not registered with pyplot (so nothing is shown behind one's back)
     that shows itself as a PNG in a notebook."""
-    from qviz.numeric.figure import new_figure as figure
+    from qviz.display.figure import new_figure as figure
 
     return figure(**kwargs)
 
@@ -203,7 +203,7 @@ def _source(
 ) -> HistogramData:
     """Dispatch on the input kind; every branch ends in the same ``HistogramData``."""
     if isinstance(obj, OrderFreeHistogramObserver):
-        _check_bits(num_bits, (obj.quant_max - obj.quant_min).bit_length(), type(obj).__name__)
+        _check_bits(num_bits, bits_of_range(obj.quant_min, obj.quant_max), type(obj).__name__)
         return _order_free_source(obj, methods)
     if "l2" in methods and not isinstance(obj, HistogramObserver):
         raise ConfigError(
@@ -218,7 +218,7 @@ def _source(
         calib, title = obj.calibrator, f"TensorQuantizer {obj.name or ''}".rstrip()
         narrow = obj.narrow_range
     elif isinstance(obj, HistogramObserver):
-        _check_bits(num_bits, (obj.quant_max - obj.quant_min).bit_length(), type(obj).__name__)
+        _check_bits(num_bits, bits_of_range(obj.quant_min, obj.quant_max), type(obj).__name__)
         return _observer_source(obj, methods, pct)
     else:
         calib, title, narrow = obj, type(obj).__name__, True

@@ -76,7 +76,7 @@ def history_plot(
         >>> [line.get_label() for line in fig.axes[0].get_lines()]
         ['a', 'b']
     """
-    from qviz.numeric.figure import new_figure
+    from qviz.display.figure import new_figure
 
     if not runs or not metrics:
         raise ConfigError("history_plot needs at least one run and one metric")

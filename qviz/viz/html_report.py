@@ -10,8 +10,8 @@ numeric-suite table.
 
 It reads on its own: a "How to read this report" section first, and under each table a legend of
 its columns (:mod:`qviz.viz.report_guide`). SQNR is coloured by fixed dB bands, in the graph's
-boxes and in the tables alike (≤ 10 dB red to > 40 dB green, :mod:`qviz.viz.bands`, the bands the
-Model Explorer export uses), so a colour means the same in every report. The graph and the
+boxes and in the tables alike (≤ 10 dB red to > 40 dB green, :mod:`qviz.display.bands`, the bands
+the Model Explorer export uses), so a colour means the same in every report. The graph and the
 tables are shown whole, the graph scaled to the page's width: only the page scrolls.
 Everything is inline: no scripts, stylesheets, images or fonts are fetched, so the file can be
 mailed or attached to an issue as is.
@@ -43,10 +43,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from qviz.display.bands import bands_for
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
-from qviz.viz.bands import bands_for
 from qviz.viz.report_tables import COLUMN_GROUPS, frame_tables, table
 
 #: Graphs with more drawn nodes than this are redrawn collapsed to module depth ``_COLLAPSE``.
@@ -153,7 +153,7 @@ def _guide_section(frame: Any, lowered: bool) -> str:
 
 
 def _sections(model: Any, plan: Any, stage: str, ns: Any, frame: Any) -> list[str]:
-    from qviz.viz.bands import SQNR
+    from qviz.display.bands import SQNR
 
     coloured = {"metric_column": "local_sqnr", "metric_bands": SQNR}  # fixed dB bands
     sections = [
@@ -264,8 +264,8 @@ def _numeric_section(ns: Any, frame: Any) -> str:
     """The numeric suite's summary, its SQNR bars (for a NumericReport) and its table, split
     by what the columns tell (error, output grid, slices), SQNR and clipped cells coloured by
     the fixed bands, each part with its columns' legend."""
-    from qviz.numeric.report import NumericReport
-    from qviz.viz.bands import SQNR
+    from qviz.display.bands import SQNR
+    from qviz.numeric.compare.report import NumericReport
     from qviz.viz.report_guide import band_legend
 
     parts = []

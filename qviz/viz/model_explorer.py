@@ -20,7 +20,7 @@ id being the FX node's name. A report row names an operator of the *quantized* g
   torch records each node's source (``node.meta["from_node"]``); re-export renames the
   quantize / dequantize nodes, so only the provenance finds them reliably.
 
-Colours: SQNR and the clipped share by the fixed bands of :mod:`qviz.viz.bands`, the ones the
+Colours: SQNR and the clipped share by the fixed bands of :mod:`qviz.display.bands`, the ones the
 HTML report uses (SQNR: ≤ 10 dB red, ≤ 20 orange, ≤ 30 yellow, ≤ 40 light green, above green;
 ±inf, an exact or all-zero output, is written as ±200 dB since JSON has no infinity; clipped:
 0 green to over 1 % red); scale and other columns by a white-to-blue gradient from the smallest
@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from qviz.display.bands import bands_for
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.graph.node_data import (
     DEFAULT_COLUMNS,
@@ -69,7 +70,6 @@ from qviz.engine.graph.node_data import (
 )
 from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.errors import ConfigError, closest_names
-from qviz.viz.bands import bands_for
 
 #: The graph id Model Explorer's PyTorch adapter gives an ExportedProgram's (only) graph.
 GRAPH_ID = "graph"
@@ -295,7 +295,7 @@ def to_model_explorer(
             (``torch.export.export(quantized, example_inputs)``, which also has the scales);
             or the float graph module :func:`qviz.export` returned (its operators have the
             float program's names).
-        report: the :class:`~qviz.numeric.report.NumericReport` of :func:`qviz.numeric.compare`
+        report: the :class:`~qviz.numeric.NumericReport` of :func:`qviz.numeric.compare`
             for this model; None writes the output scales only (a quantized program).
         path: the folder to write ``<column>.json`` into (created if missing).
         columns: the report's numeric columns to write, and/or ``"scale"``; default
@@ -313,7 +313,7 @@ def to_model_explorer(
 
     Example:
         >>> import tempfile, torch
-        >>> from qviz.numeric.report import NumericReport
+        >>> from qviz.numeric.compare.report import NumericReport
         >>> program = torch.export.export(torch.nn.ReLU(), (torch.randn(2),))
         >>> report = NumericReport.from_table([{"node": "relu", "op": "relu", "local_sqnr": 9.0}])
         >>> with tempfile.TemporaryDirectory() as folder:

@@ -35,7 +35,7 @@ from qviz.errors import CalibrationError, ConfigError
 
 
 def _new_figure(**kwargs: Any) -> Any:
-    from qviz.numeric.figure import new_figure
+    from qviz.display.figure import new_figure
 
     return new_figure(**kwargs)
 

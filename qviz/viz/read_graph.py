@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from itertools import pairwise
 
@@ -38,6 +37,7 @@ from qviz.engine.pt2e.plan import (
     TensorRef,
     plan_of,
 )
+from qviz.engine.qparams import bits_of_range
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
 from qviz.engine.tensor.records import is_quantizer_node
 from qviz.viz.graph_records import (
@@ -244,7 +244,7 @@ def weight_kind(dtype: str, group: GroupRecord | None) -> str:
     low, high = getattr(spec, "quant_min", None), getattr(spec, "quant_max", None)
     if not isinstance(low, int) or not isinstance(high, int) or high <= low:
         return dtype
-    bits = math.ceil(math.log2(high - low + 1))
+    bits = bits_of_range(low, high)
     stored = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32}.get(dtype)
     return f"{bits}-bit ({dtype})" if stored is not None and bits < stored else dtype
 

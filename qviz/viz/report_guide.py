@@ -18,7 +18,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Mapping
 
-from qviz.viz.bands import SQNR, Bands
+from qviz.display.bands import SQNR, Bands
 
 _SQNR = (
     "<b>SQNR</b> (signal-to-quantization-noise ratio), in <b>dB</b>: 10·log10 of the float "

@@ -1,5 +1,5 @@
 """The HTML report's tables: shown whole (no scroll box), numbers to four significant digits,
-SQNR and clipped cells in their fixed band's colour (:mod:`qviz.viz.bands`), each table of a
+SQNR and clipped cells in their fixed band's colour (:mod:`qviz.display.bands`), each table of a
 numeric suite with the legend of its columns (:mod:`qviz.viz.report_guide`).
 
 Example:
@@ -17,7 +17,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from qviz.viz.bands import Bands, bands_for
+from qviz.display.bands import Bands, bands_for
 
 
 def _esc(value: Any) -> str:

@@ -50,8 +50,8 @@ from qviz.engine.graph.fingerprint import check_fingerprint, check_lineage
 from qviz.engine.graph.inputs import bind_batch, checked_batches, measured_batches
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
-from qviz.numeric.compare import float_graph_of
-from qviz.numeric.detail import LayerDetail, layer_detail
+from qviz.numeric.compare.compare import float_graph_of
+from qviz.numeric.compare.detail import LayerDetail, layer_detail
 from qviz.widgets.dashboard_repair import CAUSE_COLUMN, apply_remedy, undo_remedy
 from qviz.widgets.dashboard_table import (
     COLOR_COLUMNS,
@@ -87,7 +87,7 @@ class NumericDashboard(ViewOwner):
     too; with ``float_model`` and ``data`` layer details; with ``quantizer`` as well, fallbacks.
 
     Args:
-        report: a :class:`~qviz.numeric.report.NumericReport` from :func:`qviz.numeric.compare`.
+        report: a :class:`~qviz.numeric.NumericReport` from :func:`qviz.numeric.compare`.
         quantized_model: the model the report measured (from :func:`qviz.convert_pt2e`).
         float_model: the float graph module it was prepared from (or the float nn.Module).
         data: the evaluation batches the report was computed on (the first is the detail sample).
@@ -149,7 +149,7 @@ class NumericDashboard(ViewOwner):
         df = getattr(report, "df", None)
         if df is None or "node" not in getattr(df, "columns", ()):
             raise ConfigError(
-                f"NumericDashboard needs a NumericReport from qviz.numeric.compare, got "
+                f"NumericDashboard needs a NumericReport from qviz.numeric.compare.compare, got "
                 f"{type(report).__name__}; or use NumericDashboard.from_models(float, quantized, "
                 f"data)"
             )
@@ -232,7 +232,7 @@ class NumericDashboard(ViewOwner):
             >>> d.detail("linear").numel
             16
         """
-        from qviz.numeric.compare import compare
+        from qviz.numeric.compare.compare import compare
 
         where = "NumericDashboard.from_models"
         check_stage(quantized_model, Stage.CONVERTED, where=where, arg="quantized_model")
@@ -272,7 +272,7 @@ class NumericDashboard(ViewOwner):
             >>> [r["remedy"] for r in d.undo().history], len(s.history)
             (['', 'fallback', 'undo fallback'], 0)
         """
-        from qviz.numeric.repair_session import RepairSession
+        from qviz.numeric.repair.session import RepairSession
 
         if not isinstance(session, RepairSession):
             raise ConfigError(
@@ -326,7 +326,7 @@ class NumericDashboard(ViewOwner):
 
     @property
     def diagnosis(self) -> Any:
-        """The repair session's current :class:`~qviz.numeric.diagnose.Diagnosis` (None
+        """The repair session's current :class:`~qviz.numeric.diagnose.diagnose.Diagnosis` (None
         outside a session)."""
         return self.session.diagnosis if self.session is not None else None
 

@@ -6,8 +6,8 @@ applied remedy): the graph, the details and the table are keyed by it, so an und
 model before the remedy again without recomputing it.
 
 Example:
-    >>> from qviz.numeric.diagnose_rules import Cause, Prescription
-    >>> from qviz.numeric.diagnose import Finding
+    >>> from qviz.numeric.diagnose.rules import Cause, Prescription
+    >>> from qviz.numeric.diagnose.diagnose import Finding
     >>> f = Finding("conv2d", "aten.conv2d.default", Cause.ROUNDING, (("local_sqnr", 12.5),),
     ...             Prescription("learn the rounding", "qviz.engine.repair.adaround"), 12.5,
     ...             "local_sqnr", 12.5)
@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from qviz.errors import ConfigError
-from qviz.numeric.diagnose_rules import CAUSE_COLOURS
+from qviz.numeric.diagnose.rules import CAUSE_COLOURS
 from qviz.widgets.dashboard_table import Run
 
 #: The dashboard's "colour by" choice that draws each poor layer's cause.

@@ -40,7 +40,7 @@ from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.observers import HistogramObserver
 from qviz.engine.pt2e.plan import plan_of, require_plan
 from qviz.engine.pt2e.range_choice import choose_range
-from qviz.engine.qparams import quant_range, symmetric_scale
+from qviz.engine.qparams import bits_of_range, quant_range, symmetric_scale
 from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator
 from qviz.engine.tensor.records import quantizer_records
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
@@ -82,7 +82,7 @@ def label_of(observer: str, members: list[str]) -> str:
 
 
 def _bits(obs: HistogramObserver) -> int:
-    return int(obs.quant_max - obs.quant_min).bit_length()
+    return bits_of_range(obs.quant_min, obs.quant_max)
 
 
 class PlanSource:

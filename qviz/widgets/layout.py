@@ -109,7 +109,7 @@ def text_px(fig: Any, css_dpi: float = FIGURE_CSS_DPI) -> float:
     the figure is shown at ``css_dpi`` pixels per inch; ``inf`` when it has no visible text.
 
     Example:
-        >>> from qviz.numeric.figure import new_figure
+        >>> from qviz.display.figure import new_figure
         >>> fig = new_figure(figsize=(3, 2))
         >>> _ = fig.subplots().set_title("t", fontsize=9)
         >>> round(text_px(fig), 1)   # 9 pt at 80 px per inch
@@ -131,7 +131,7 @@ def legible(fig: Any, min_px: float = MIN_TEXT_PX, css_dpi: float = FIGURE_CSS_D
     to ``min_px``; returns ``fig``.
 
     Example:
-        >>> from qviz.numeric.figure import new_figure
+        >>> from qviz.display.figure import new_figure
         >>> fig = new_figure(figsize=(3, 2))
         >>> ax = fig.subplots()
         >>> _ = ax.legend(handles=ax.plot([0, 1], label="a"), fontsize=6)
@@ -161,7 +161,7 @@ def figure_image(fig: Any, *, density: int = PIXEL_DENSITY) -> FigureImage:
         ConfigError: ``density`` is not a positive whole number.
 
     Example:
-        >>> from qviz.numeric.figure import new_figure
+        >>> from qviz.display.figure import new_figure
         >>> picture = figure_image(new_figure(figsize=(3, 2)))
         >>> picture.width, picture.height, picture.png[:4]
         (240, 160, b'\\x89PNG')
@@ -181,7 +181,7 @@ def show_figure(image: Any, picture: FigureImage | None) -> None:
 
     Example:
         >>> import ipywidgets as w
-        >>> from qviz.numeric.figure import new_figure
+        >>> from qviz.display.figure import new_figure
         >>> image = w.Image(format="png")
         >>> show_figure(image, figure_image(new_figure(figsize=(3, 2))))
         >>> image.layout.width, image.layout.max_width, image.layout.height

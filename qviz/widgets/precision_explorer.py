@@ -16,8 +16,8 @@ the message in :attr:`~PrecisionExplorer.error`.
 Example:
     >>> import torch, qviz
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-    >>> from qviz.numeric.precision_result import Evaluation, FrontPoint, PrecisionResult
-    >>> from qviz.numeric.precision_units import Unit
+    >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
+    >>> from qviz.numeric.precision.units import Unit
     >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(2, 4),))
     >>> front = (FrontPoint(1.0, 30.0, ("w4a8",)), FrontPoint(2.0, 45.0, ("w8a8",)))
     >>> result = PrecisionResult(
@@ -41,7 +41,7 @@ from typing import Any
 from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError
-from qviz.numeric.precision_result import Evaluation, PrecisionResult
+from qviz.numeric.precision.result import Evaluation, PrecisionResult
 from qviz.widgets.precision_explorer_view import PrecisionExplorerView, evaluation_of
 from qviz.widgets.view_owner import ViewOwner
 
@@ -105,7 +105,7 @@ class PrecisionExplorer(ViewOwner):
         end): the plot rings it, the table and graph show its precisions.
 
         Example:
-            >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+            >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
             >>> import torch, qviz
             >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
             ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())), (), None)
@@ -128,7 +128,7 @@ class PrecisionExplorer(ViewOwner):
             ConfigError: ``point`` is not an index of the front.
 
         Example:
-            >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+            >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
             >>> import torch, qviz
             >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
             ...     (FrontPoint(1.0, 30.0, ()),), (), None)
@@ -148,7 +148,7 @@ class PrecisionExplorer(ViewOwner):
         """The full evaluation of the point shown (None: it was only estimated).
 
         Example:
-            >>> from qviz.numeric.precision_result import Evaluation, FrontPoint, PrecisionResult
+            >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
             >>> import torch, qviz
             >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
             ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())),
@@ -164,7 +164,7 @@ class PrecisionExplorer(ViewOwner):
         """The per-layer table of the point shown (``result.table(selected)``): a DataFrame.
 
         Example:
-            >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+            >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
             >>> import torch, qviz
             >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
             ...     (FrontPoint(1.0, 30.0, ()),), (), None)

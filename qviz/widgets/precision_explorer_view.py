@@ -4,7 +4,7 @@ and the float graph coloured by precision. :class:`PrecisionExplorerView` owns t
 built once and refreshed from the explorer's state (the controls only call its Python methods).
 
 Example:
-    >>> from qviz.numeric.precision_result import Evaluation, FrontPoint, PrecisionResult
+    >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
     >>> front = (FrontPoint(1.0, 28.0, ("w4a8",)), FrontPoint(2.0, 41.0, ("w8a8",)))
     >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), ("w8a8",), (), front,
     ...                     (Evaluation(1, 2.0, 40.5, None, True),), 1)
@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import anywidget
 import traitlets
 
-from qviz.numeric.precision_plot import pareto_plot
-from qviz.numeric.precision_result import PRECISION_COLOURS
+from qviz.numeric.precision.plot import pareto_plot
+from qviz.numeric.precision.result import PRECISION_COLOURS
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.graph_widget import strip_prolog
 from qviz.widgets.layout import row, scrolling, split
@@ -40,7 +40,7 @@ _GREY = "color:#555;line-height:1.4"
 class ParetoWidget(anywidget.AnyWidget):  # type: ignore[misc]
     """A Pareto plot's SVG in the notebook; a click on a front point reports its index.
 
-    The SVG is :func:`~qviz.numeric.precision_plot.pareto_plot`'s, in which front point ``i``
+    The SVG is :func:`~qviz.numeric.precision.plot.pareto_plot`'s, in which front point ``i``
     is the element with id ``qviz-point-<i>``; a click picks the point nearest the pointer
     (``static/pareto_widget.js``, shipped inside qviz: no CDN, no build step).
 
@@ -72,7 +72,7 @@ def plot_svg(result: Any, selected: int | None) -> str:
     prolog; matplotlib's clip-path ids are random, so two plots on a page do not collide).
 
     Example:
-        >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+        >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
         >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
         ...                     (FrontPoint(1.0, 28.0, ("w4a8",)),), (), None)
         >>> svg = plot_svg(r, 0)
@@ -90,7 +90,7 @@ def point_labels(result: Any) -> list[str]:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> from qviz.numeric.precision_result import FrontPoint
+        >>> from qviz.numeric.precision.result import FrontPoint
         >>> r = SimpleNamespace(front=(FrontPoint(0.5, 0.97, ("w8a8",)),), cost_unit="GBOP",
         ...                     chosen=0)
         >>> point_labels(r)
@@ -133,7 +133,7 @@ def point_html(result: Any, point: int) -> str:
     figure measured and whether it meets the target.
 
     Example:
-        >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+        >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
         >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
         ...                     (FrontPoint(1.0, 28.0, ("w4a8",)),), (), None)
         >>> "not evaluated" in point_html(r, 0)
@@ -241,7 +241,7 @@ class PrecisionExplorerView:
 
     Example:
         >>> import torch, qviz
-        >>> from qviz.numeric.precision_result import FrontPoint, PrecisionResult
+        >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
         >>> from qviz.widgets.precision_explorer import PrecisionExplorer
         >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
         ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())), (), None)

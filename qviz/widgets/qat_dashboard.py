@@ -107,7 +107,7 @@ class QATDashboard(ViewOwner):
         clock: Callable[[], float] = time.monotonic,
         model: Any = None,
     ) -> None:
-        from qviz.numeric.qat_monitor import QATMonitor
+        from qviz.numeric.qat.monitor import QATMonitor
 
         if not isinstance(monitor, QATMonitor):
             raise ConfigError(

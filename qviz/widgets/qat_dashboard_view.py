@@ -5,7 +5,7 @@ records into HTML). Its two toggle buttons call the dashboard's ``freeze_observe
 
 Example:
     >>> from dataclasses import replace
-    >>> from qviz.numeric.qat_monitor import QATRecord
+    >>> from qviz.numeric.qat.monitor import QATRecord
     >>> r = QATRecord(step=3, name="activation_post_process_1", group=None, per_channel=False,
     ...               scale=0.02, scale_min=0.02, scale_max=0.02, zero_point=0.0, changed=True,
     ...               clipped=0.125, mean_abs_over_scale=30.0, loss=0.5, metric=None)
@@ -231,7 +231,7 @@ def _events(events: Sequence[Any], note: str) -> str:
     """The marks so far (``observers frozen after step 40``) and the last control's note.
 
     Example:
-        >>> from qviz.numeric.qat_monitor import QATEvent
+        >>> from qviz.numeric.qat.monitor import QATEvent
         >>> _events([QATEvent(40, "observers frozen")], "")[-36:]
         'observers frozen after step 40</div>'
     """

@@ -30,7 +30,7 @@ from qviz.numeric import (
     search_precision,
     sensitivity,
 )
-from qviz.numeric.batches import flat_tensors, output_leaves
+from qviz.numeric.measure.batches import flat_tensors, output_leaves
 
 transformers = pytest.importorskip("transformers")
 

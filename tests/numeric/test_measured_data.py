@@ -15,7 +15,7 @@ import torch
 import qviz
 import qviz.numeric
 from qviz.errors import CalibrationError, ConfigError
-from qviz.numeric.lowered import LoweringComparison
+from qviz.numeric.lowering.lowered import LoweringComparison
 from tests.helpers.fork import fork_data
 from tests.helpers.lineage_models import models as _models
 from tests.helpers.lineage_models import quantizer as _quantizer
@@ -128,7 +128,7 @@ def test_nothing_is_changed_by_a_refused_measurement(lowered):
 
 
 def test_a_repair_step_that_moved_nothing_says_no_gain():
-    from qviz.numeric.repair_session import RepairStep
+    from qviz.numeric.repair.session import RepairStep
 
     def step(before: float, after: float) -> RepairStep:
         return RepairStep("per_channel", (), (), (), (), before, after, None, None, 0.1)

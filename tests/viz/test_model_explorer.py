@@ -21,11 +21,11 @@ import torch
 
 import qviz
 import qviz.numeric
+from qviz.display.bands import GREEN, RED, YELLOW
 from qviz.engine.compat import quantized_decomposed
 from qviz.errors import ConfigError
-from qviz.numeric.report import NumericReport
+from qviz.numeric.compare.report import NumericReport
 from qviz.viz import to_model_explorer
-from qviz.viz.bands import GREEN, RED, YELLOW
 from qviz.viz.model_explorer import GRAPH_ID, SQNR_CAP, node_data
 
 pytest.importorskip("pandas")
@@ -149,7 +149,7 @@ def test_sqnr_colours_low_red_high_green_and_infinity_capped():
     graph = node_data("local_sqnr", {"a": 5.0, "b": 25.0, "c": 45.0, "d": math.inf})[GRAPH_ID]
     assert graph["results"]["d"] == {"value": SQNR_CAP}
     colours = {k: _me_colour(v["value"], graph) for k, v in graph["results"].items()}
-    assert colours == {"a": RED, "b": YELLOW, "c": GREEN, "d": GREEN}  # qviz.viz.bands
+    assert colours == {"a": RED, "b": YELLOW, "c": GREEN, "d": GREEN}  # qviz.display.bands
     clipped = node_data("clipped", {"none": 0.0, "much": 0.05})[GRAPH_ID]
     assert _me_colour(0.0, clipped) == GREEN and _me_colour(0.05, clipped) == RED
     single = node_data("scale", {"a": 0.5})[GRAPH_ID]  # a gradient over one value colours nothing

@@ -1,4 +1,4 @@
-"""Fixed colour bands (qviz.viz.bands) in the HTML report's graph and tables, the graph's
+"""Fixed colour bands (qviz.display.bands) in the HTML report's graph and tables, the graph's
 metric_bands option, the Model Explorer export's thresholds, and the report's reading guide."""
 
 from __future__ import annotations
@@ -11,11 +11,7 @@ import pytest
 import torch
 
 import qviz
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-from qviz.errors import ConfigError
-from qviz.numeric.report import COLUMNS, NumericReport
-from qviz.viz import graph, report
-from qviz.viz.bands import (
+from qviz.display.bands import (
     CLIPPED,
     GREEN,
     LIGHT_GREEN,
@@ -26,6 +22,10 @@ from qviz.viz.bands import (
     Bands,
     bands_for,
 )
+from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.errors import ConfigError
+from qviz.numeric.compare.report import COLUMNS, NumericReport
+from qviz.viz import graph, report
 from qviz.viz.model_explorer import SQNR_CAP, node_data
 from qviz.viz.report_guide import TABLE_TERMS
 
@@ -103,7 +103,7 @@ def test_graph_metric_bands_colour_by_fixed_bands_and_list_them():
     assert (_svg_fill(broken.svg(), "linear"), _svg_fill(broken.svg(), "relu")) == (RED, GREEN)
     with pytest.raises(ConfigError, match="not both"):
         graph(gm, metrics=values, metric_range=(0, 50), metric_bands=SQNR)
-    with pytest.raises(ConfigError, match=r"qviz\.viz\.bands\.Bands"):
+    with pytest.raises(ConfigError, match=r"qviz\.display\.bands\.Bands"):
         graph(gm, metrics=values, metric_bands=[(10, "#ff0000")])
 
 

@@ -14,7 +14,7 @@ import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 from qviz.numeric import compare, sqnr
-from qviz.numeric.detail import layer_detail
+from qviz.numeric.compare.detail import layer_detail
 from qviz.widgets.dashboard import NumericDashboard
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs graphviz's dot")
@@ -270,7 +270,7 @@ def test_a_repair_session_dashboard_applies_the_prescription_and_undoes_it(broke
     re-measures (the graph and table show the new model), "undo" brings back the same report
     object; the graph colours by cause; the caller's float graph is never changed."""
     from qviz.numeric import RepairSession
-    from qviz.numeric.diagnose_rules import CAUSE_COLOURS, Cause
+    from qviz.numeric.diagnose.rules import CAUSE_COLOURS, Cause
 
     gm, quantizer, data, _, _ = broken
     before_state = {k: v.clone() for k, v in gm.state_dict().items()}

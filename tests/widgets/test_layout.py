@@ -9,9 +9,9 @@ import ipywidgets as w
 import numpy as np
 import pytest
 
+from qviz.display.figure import new_figure
 from qviz.errors import ConfigError
-from qviz.numeric.detail import LayerDetail
-from qviz.numeric.figure import new_figure
+from qviz.numeric.compare.detail import LayerDetail
 from qviz.widgets.graph_widget import GraphWidget
 from qviz.widgets.layout import (
     FIGURE_CSS_DPI,

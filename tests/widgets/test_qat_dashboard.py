@@ -161,7 +161,7 @@ def test_a_model_instead_of_a_monitor_is_refused():
 def test_the_table_shows_quantplan_groups_and_per_channel_ranges():
     from dataclasses import replace
 
-    from qviz.numeric.qat_monitor import QATRecord
+    from qviz.numeric.qat.monitor import QATRecord
     from qviz.widgets.qat_dashboard_view import table_html
 
     r = QATRecord(step=1, name="activation_post_process_0", group=None, per_channel=True,

@@ -95,7 +95,7 @@ def report_columns(report: Any) -> list[str]:
     """The report's numeric columns (those a value can be handed on from).
 
     Example:
-        >>> from qviz.numeric.report import NumericReport
+        >>> from qviz.numeric import NumericReport
         >>> "local_sqnr" in report_columns(NumericReport.from_table([{"node": "a"}]))
         True
     """
@@ -111,7 +111,7 @@ def report_values(report: Any, columns: Sequence[str]) -> dict[str, dict[str, fl
             numeric columns.
 
     Example:
-        >>> from qviz.numeric.report import NumericReport
+        >>> from qviz.numeric import NumericReport
         >>> r = NumericReport.from_table([{"node": "conv2d", "local_sqnr": 31.5}])
         >>> report_values(r, ["local_sqnr", "clipped"])
         {'conv2d': {'local_sqnr': 31.5}}
@@ -136,7 +136,7 @@ def report_ops(report: Any) -> dict[str, str]:
     """``{node: op}`` of the report's rows (``op`` empty when the report has no such column).
 
     Example:
-        >>> from qviz.numeric.report import NumericReport
+        >>> from qviz.numeric import NumericReport
         >>> report_ops(NumericReport.from_table([{"node": "conv2d", "op": "conv2d"}]))
         {'conv2d': 'conv2d'}
     """

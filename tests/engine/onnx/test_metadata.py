@@ -13,7 +13,7 @@ import torch
 import qviz
 import qviz.numeric
 from qviz.errors import ConfigError
-from qviz.numeric.report import NumericReport
+from qviz.numeric.compare.report import NumericReport
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

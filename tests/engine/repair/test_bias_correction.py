@@ -14,7 +14,7 @@ from qviz.engine.pt2e.plan import TRANSFORMS_KEY
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair import bias_correction
 from qviz.errors import ConfigError
-from qviz.numeric.metrics import sqnr
+from qviz.numeric.measure.metrics import sqnr
 from tests.helpers.residual import Residual
 
 FOUR_BIT = get_symmetric_quantization_config(is_per_channel=False, weight_qmin=-8, weight_qmax=7)

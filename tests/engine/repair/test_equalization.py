@@ -15,7 +15,7 @@ from qviz.engine.pt2e.plan import TRANSFORMS_KEY
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair import cross_layer_equalization
 from qviz.errors import ConfigError
-from qviz.numeric.metrics import sqnr
+from qviz.numeric.measure.metrics import sqnr
 
 
 def _scrambled(model: nn.Module, seed: int = 0) -> nn.Module:

@@ -117,7 +117,7 @@ def report_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_shows_everything_whole_legible_in_fixed_bands(
     chromium: Any, report_path: Path, screenshots: Path, width: int
 ) -> None:
-    from qviz.viz.bands import RED, SQNR
+    from qviz.display.bands import RED, SQNR
 
     context = chromium.new_context(viewport={"width": width, "height": 900})
     blocked: list[str] = []

@@ -1,0 +1,207 @@
+"""Variants of one exported model, each quantized and scored against the same float outputs:
+what :func:`~qviz.numeric.sensitivity` and :func:`~qviz.numeric.search_precision` build by
+the dozen.
+
+* :class:`VariantScorer` keeps the float model's outputs on the evaluation data once, and scores
+  a quantized variant by its output SQNR and the user's metric (over every rank of a process
+  group: one exchange per score, so every rank sees the same figures). A figure that is not a
+  number (:mod:`qviz.numeric.measure.totals`) is refused with a MeasurementError naming the variant,
+  never ranked or searched on.
+* :func:`quantize_variant` prepares a variant, fills its observers from an
+  :class:`~qviz.engine.pt2e.observer_reuse.ObserverReuse` where each has a calibrated twin
+  (the same statistics without a pass) or calibrates it, and converts it.
+
+Example:
+    >>> import torch, qviz
+    >>> from qviz.engine import distributed
+    >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+    >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    >>> data = [torch.randn(8, 4)]
+    >>> scorer = VariantScorer(gm, data, None, "example", distributed.Shard(0, 1, False))
+    >>> sqnr, metric = scorer.score(quantize_variant(gm, q, data))
+    >>> sqnr > 30, metric
+    (True, None)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import GraphModule
+
+from qviz.engine import distributed
+from qviz.engine.graph.inputs import bind_batch, call_model
+from qviz.engine.pt2e.observer_reuse import ObserverReuse
+from qviz.errors import ConfigError
+from qviz.numeric.measure.batches import batch_size, metric_value
+from qviz.numeric.measure.totals import OutputTotals, check_figures
+
+
+class VariantScorer:
+    """The float model's outputs on the data, kept (outputs only), and quantized models scored
+    (over every rank of ``shard``'s group, one exchange per score).
+
+    Args:
+        float_gm: the float graph module the variants are built from.
+        data: this rank's evaluation batches (already checked).
+        metric: ``metric(float_out, quant_out, target) -> float`` or None.
+        where: the public function's name, for messages.
+        shard: this rank's place (:class:`qviz.engine.distributed.Shard`).
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine import distributed
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+        >>> alone = distributed.Shard(0, 1, False)  # this process alone
+        >>> s = VariantScorer(gm, [torch.randn(8, 4)], None, "example", alone)
+        >>> len(s.float_outputs)
+        1
+    """
+
+    def __init__(
+        self,
+        float_gm: GraphModule,
+        data: Any,
+        metric: Callable | None,
+        where: str,
+        shard: distributed.Shard,
+    ) -> None:
+        self.group, self.where = shard.group, where
+        names = [f"{where}: batch {i}" for i in range(len(data))]
+        self.batches = [(n, bind_batch(float_gm, b, n)) for n, b in zip(names, data, strict=True)]
+        if not self.batches and not shard.distributed:
+            raise ConfigError(f"{where}: the data has no batches")
+        self.metric = metric
+        with torch.no_grad():
+            self.float_outputs = [call_model(float_gm, b, n) for n, b in self.batches]
+        self.float_metric: float | None = None
+
+    def score_float(self) -> None:
+        """The float model's own metric, over every rank (a collective: after the setup).
+
+        Raises:
+            MeasurementError: the metric is not a finite number.
+        """
+        if self.metric is not None:
+            totals = self._merged(lambda: self._sums(None))
+            where = f"{self.where}: the float model"
+            self.float_metric = check_figures(math.inf, None, totals.metric_value, where)[1]
+
+    def _sums(self, model: Any) -> OutputTotals:
+        """This process's output statistics, metric sum and sample count (``model`` None: the
+        float model against itself)."""
+        totals = OutputTotals.for_metric(self.metric)
+        with torch.no_grad():
+            for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
+                out = ref if model is None else call_model(model, bound, name)
+                value = metric_value(self.metric, ref, out, bound.target, name)
+                totals.add(ref, out, batch_size(bound.args), value, name)
+        return totals
+
+    def _merged(self, local: Callable[[], OutputTotals]) -> OutputTotals:
+        """``local``'s sums, over every rank when distributed."""
+        out = distributed.sharded(lambda shard: local(), self.group, self.where)
+        totals = out.result
+        if out.shard.distributed:
+            totals = OutputTotals.for_metric(self.metric)
+            for part in out.shared:  # every rank's, in rank order
+                totals.merge(part)
+        return totals
+
+    def score(self, model: Any, label: str = "a quantized variant") -> tuple[float, float | None]:
+        """(output SQNR in dB, the metric averaged over samples or None), over every rank.
+
+        Args:
+            model: the quantized variant.
+            label: what it is, for a message (``"the fully quantized model"``).
+
+        Raises:
+            MeasurementError: a figure that is not a number (NaN; an infinite SQNR that no
+                exact match explains), naming ``label``, why, and the fix.
+        """
+        return self._merged(lambda: self._sums(model)).checked(f"{self.where}: {label}")
+
+
+def prepare_variant(
+    gm: GraphModule,
+    quantizer: Any,
+    calibration: list[Any],
+    group: Any = False,
+    reuse: ObserverReuse | None = None,
+    where: str = "sensitivity",
+) -> GraphModule:
+    """Prepare (every rank's prepare exchanged first: one that fails is named on every rank)
+    and calibrate over every rank, or take ``reuse``'s copies where every observer has one
+    (the same statistics, without the pass); a variant calibrated is added to ``reuse``, for
+    the variants after it.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer
+        >>> from qviz.engine.quantizers import get_symmetric_quantization_config as config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+        >>> q, data = XNNPACKQuantizer().set_global(config()), [torch.randn(8, 4)]
+        >>> reuse = ObserverReuse()
+        >>> first = prepare_variant(gm, q, data, reuse=reuse)  # calibrated, added to reuse
+        >>> second = prepare_variant(gm, q, data, reuse=reuse)  # copies: no pass
+        >>> len(reuse)
+        3
+    """
+    import qviz
+
+    def prepare(shard: distributed.Shard) -> GraphModule:
+        return qviz.prepare_pt2e(gm, quantizer)
+
+    prepared = distributed.sharded(prepare, group, where, share=lambda _: None).result
+    if reuse is None or not reuse.fill(prepared):
+        if reuse is not None:
+            reuse.add(prepared)  # before calibrating: its observers' starting state
+        qviz.calibrate(prepared, calibration, progress=False, group=group)
+    return prepared
+
+
+def quantize_variant(
+    gm: GraphModule,
+    quantizer: Any,
+    calibration: list[Any],
+    group: Any = False,
+    reuse: ObserverReuse | None = None,
+    where: str = "sensitivity",
+) -> GraphModule:
+    """:func:`prepare_variant`, then convert.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer
+        >>> from qviz.engine.quantizers import get_symmetric_quantization_config as config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+        >>> q = XNNPACKQuantizer().set_global(config())
+        >>> quantize_variant(gm, q, [torch.randn(8, 4)]).plan is not None
+        True
+    """
+    import qviz
+
+    return qviz.convert_pt2e(prepare_variant(gm, quantizer, calibration, group, reuse, where))
+
+
+def quantized_ops(prepared_plan: Any, gm: GraphModule) -> list[str]:
+    """The operators of ``gm`` that ``prepared_plan`` observes a tensor of, in plan order.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer
+        >>> from qviz.engine.quantizers import get_symmetric_quantization_config as config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+        >>> quantized_ops(qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config())).plan, gm)
+        ['linear']
+    """
+    names: dict[str, None] = {}
+    for record in prepared_plan.tensors:
+        ref = record.tensor
+        names[ref.consumer if ref.consumer is not None else ref.producer] = None
+    ops = {n.name for n in gm.graph.nodes if n.op == "call_function"}
+    return [n for n in names if n in ops]
