@@ -16,12 +16,13 @@ import copy
 import importlib
 import os
 import sys
-import time
 import warnings
+from functools import partial
 from statistics import median
 
 import torch
 import torchvision
+from _machine import set_threads, timed
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import prepare_fx
 
@@ -34,27 +35,20 @@ x86 = importlib.import_module("torch.ao.quantization.backend_config.x86")
 REPEATS = int(os.environ.get("QVIZ_BENCH_REPEATS", "3"))
 
 
-def _timed(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
-
-
 def bench(name: str) -> None:
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None).eval()
     example = (torch.randn(8, 3, 224, 224),)
     mapping, backend = get_default_qconfig_mapping("x86"), x86.get_x86_backend_config()
-    export_s = _timed(lambda: qviz.export(model, example))
+    export_s = timed(lambda: qviz.export(model, example))[1]
     exported = qviz.export(model, example)
     quantizer = BackendConfigQuantizer(backend, mapping)
     ours, theirs = [], []
     for _ in range(REPEATS):
-        ours.append(_timed(lambda: qviz.prepare_pt2e(exported, quantizer)))
+        ours.append(timed(lambda: qviz.prepare_pt2e(exported, quantizer))[1])
         fresh = copy.deepcopy(model)  # prepare_fx may change the module it gets: not timed
-        theirs.append(
-            _timed(lambda fresh=fresh: prepare_fx(fresh, mapping, example, backend_config=backend))
-        )
+        run_fx = partial(prepare_fx, fresh, mapping, example, backend_config=backend)
+        theirs.append(timed(run_fx)[1])
     print(
         f"{name:13s} export {export_s:6.2f}s   prepare: qviz {median(ours):6.2f}s   "
         f"prepare_fx {median(theirs):6.2f}s   ratio {median(ours) / median(theirs):5.2f}x"
@@ -62,7 +56,7 @@ def bench(name: str) -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(2)
+    set_threads(2)
     warnings.simplefilter("ignore")
     for model_name in sys.argv[1:] or ["resnet18", "mobilenet_v2"]:
         bench(model_name)

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from unittest import mock
 
 import torch
+from _machine import Stopwatch, set_threads
 
 LIMIT_S = 60.0  # longest reference entropy search to run in scenario 3
 Row = tuple[str, float, float | None, float | None]  # name, qviz ms, reference ms, target ms
@@ -46,9 +46,9 @@ def paired_ms(
     for i in range(max(reps)):
         for fn, n, times in fns:
             if i < n:
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
+                with Stopwatch() as watch:
+                    fn()
+                times.append(watch.seconds)
     q_ms, *r_ms = (statistics.median(times) * 1e3 for _, _, times in fns)
     return q_ms, (r_ms[0] if r_ms else None)
 
@@ -139,7 +139,7 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main() -> None:
-    torch.set_num_threads(2)
+    set_threads(2)
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.2f}")
     x = torch.randn(8, 64, 112, 112, generator=torch.Generator().manual_seed(0))

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import traceback
 
 import torch
+from _machine import Stopwatch
 
 import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.observers import OrderFreeHistogramObserver
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.numeric import sqnr
 
 
 def _batches(loader, device, n=None):
@@ -114,11 +115,9 @@ def order_free(device):
     return {"order_free": (counts.cpu(), float(scale), int(zp))}
 
 
-def _sqnr(reference, model, inputs) -> float:
+def _outputs(model, inputs) -> torch.Tensor:
     with torch.no_grad():
-        out = torch.cat([model(x) for x in inputs]).double()
-    ref = torch.cat(reference).double()
-    return float(10 * torch.log10(ref.square().sum() / (out - ref).square().sum()))
+        return torch.cat([model(x) for x in inputs])
 
 
 def repair(device):
@@ -129,8 +128,7 @@ def repair(device):
     calib = [x for x, _ in _batches(loaders.calibration, device)]
     test = [x for x, _ in _batches(loaders.test, device)][:4]
     gm = qviz.export(digits_model().eval().to(device), (calib[0],), dynamic_batch=True)
-    with torch.no_grad():
-        reference = [gm(x) for x in test]
+    reference = _outputs(gm, test)
     config = get_symmetric_quantization_config(is_per_channel=False, weight_qmin=-8, weight_qmax=7)
     q = XNNPACKQuantizer().set_global(config)
     prepared = qviz.calibrate(qviz.prepare_pt2e(gm, q), calib, progress=False)
@@ -143,7 +141,7 @@ def repair(device):
     session = RepairSession(gm, q, calib, test, progress=False)
     step = session.apply("bias_correction")
     session.undo()
-    out = {f"repair_{k}": _sqnr(reference, m, test) for k, m in
+    out = {f"repair_{k}": sqnr(reference, _outputs(m, test)) for k, m in
            (("ptq", ptq), ("cle", cle), ("bias_correction", bc), ("adaround", ada))}  # fmt: skip
     out["repair_session_bc"] = step.output_sqnr_after
     out["repair_causes"] = sorted(f.cause.value for f in found)
@@ -163,15 +161,14 @@ def _smooth(device):
     data = [torch.randn(16, 8, 32, generator=g).to(device) for _ in range(3)]
     q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))
     gm = qviz.export(model, (data[0],))
-    with torch.no_grad():
-        reference = [gm(x) for x in data]
+    reference = _outputs(gm, data)
     out = {}
     for name, graph in (
         ("ptq", gm),
         ("smooth_quant", smooth_quant(gm, data, alpha=0.5, progress=False)),
     ):
         prepared = qviz.calibrate(qviz.prepare_pt2e(graph, q), data, progress=False)
-        out[f"smooth_{name}"] = _sqnr(reference, qviz.convert_pt2e(prepared), data)
+        out[f"smooth_{name}"] = sqnr(reference, _outputs(qviz.convert_pt2e(prepared), data))
     return out
 
 
@@ -182,10 +179,10 @@ FLOWS = {"pt2e": pt2e, "qat": qat, "quant_modules": quant_modules, "order_free":
 def _run(device):
     results, failures = {}, {}
     for name, flow in FLOWS.items():
-        start = time.perf_counter()
         try:
-            results.update(flow(device))
-            print(f"  {device:5s} {name:14s} ok     {time.perf_counter() - start:6.2f} s")
+            with Stopwatch() as watch:
+                results.update(flow(device))
+            print(f"  {device:5s} {name:14s} ok     {watch.seconds:6.2f} s")
         except Exception:
             failures[name] = traceback.format_exc()
             print(f"  {device:5s} {name:14s} FAILED\n{failures[name]}")

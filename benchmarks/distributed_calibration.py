@@ -22,10 +22,10 @@ import os
 import socket
 import sys
 import tempfile
-import time
 
 import torch
 import torch.multiprocessing as mp
+from _machine import Stopwatch, set_threads, timed
 
 import qviz
 from qviz.engine.distributed import merge_observers
@@ -71,7 +71,7 @@ def _rank(rank: int, world: int, port: int, name: str, outdir: str) -> None:
 
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    set_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
@@ -80,11 +80,11 @@ def _rank(rank: int, world: int, port: int, name: str, outdir: str) -> None:
     anchor = torch.cat(batches)
     mine = [anchor, *batches[rank::world]]
     dist.barrier()
-    start = time.perf_counter()
-    qviz.calibrate(prepared, mine, progress=False, group=False)  # this rank's shard alone
-    local = time.perf_counter() - start
-    merge_observers(prepared, batches=len(mine))
-    total = time.perf_counter() - start
+    with Stopwatch() as watch:
+        qviz.calibrate(prepared, mine, progress=False, group=False)  # this rank's shard alone
+        local = watch.elapsed
+        merge_observers(prepared, batches=len(mine))
+    total = watch.seconds
     torch.save({"qparams": _qparams(prepared), "local": local, "total": total},
                os.path.join(outdir, f"rank{rank}.pt"))  # fmt: skip
     dist.destroy_process_group()
@@ -97,12 +97,10 @@ def _free_port() -> int:
 
 
 def main(name: str) -> None:
-    torch.set_num_threads(1)
+    set_threads(1)
     prepared, batches = _prepared(name)
     anchor = torch.cat(batches)
-    start = time.perf_counter()
-    qviz.calibrate(prepared, [anchor, anchor, *batches], progress=False)
-    single = time.perf_counter() - start
+    _, single = timed(lambda: qviz.calibrate(prepared, [anchor, anchor, *batches], progress=False))
     reference = _qparams(prepared)
     with tempfile.TemporaryDirectory() as outdir:
         mp.spawn(_rank, args=(2, _free_port(), name, outdir), nprocs=2, join=True)

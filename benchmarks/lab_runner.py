@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from _machine import Stopwatch
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--headless",
@@ -164,17 +166,19 @@ class LabRunner:
             status = page.locator("#jp-main-statusbar").get_by_text("Idle").first
             status.wait_for(timeout=120_000)
             page.evaluate(_PING)
-            start = time.perf_counter()
-            page.evaluate(_RUN_ALL)
-            page.wait_for_function(_STARTED, timeout=60_000)
-            while time.perf_counter() - start < self.timeout_s:
-                states = page.evaluate(_STATES)
-                if all(state != "running" for state, _ in states):
-                    seconds = time.perf_counter() - start
-                    if any(count is None for _, count in states):
-                        print(f"  {path.name}: some cells did not run (an error stopped Run All)")
-                    return seconds
-                page.wait_for_timeout(100)
+            with Stopwatch() as watch:
+                page.evaluate(_RUN_ALL)
+                page.wait_for_function(_STARTED, timeout=60_000)
+                while watch.elapsed < self.timeout_s:
+                    states = page.evaluate(_STATES)
+                    if all(state != "running" for state, _ in states):
+                        seconds = watch.elapsed
+                        if any(count is None for _, count in states):
+                            print(
+                                f"  {path.name}: some cells did not run (an error stopped Run All)"
+                            )
+                        return seconds
+                    page.wait_for_timeout(100)
             raise RuntimeError(f"{path.name}: Run All did not finish in {self.timeout_s} s")
         finally:
             context.close()

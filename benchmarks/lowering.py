@@ -27,10 +27,10 @@ from __future__ import annotations
 import copy
 import io
 import sys
-import time
 
 import torch
 import torchvision
+from _machine import Stopwatch, set_threads, timed
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -80,9 +80,9 @@ def _interleaved(candidates: list, repeats: int = 10) -> list[float]:
         for _ in range(repeats):
             for i, (fn, x) in enumerate(candidates):
                 fn(x)  # back on this candidate: its caches (and any guard checks) warm again
-                start = time.perf_counter()
-                fn(x)
-                best[i] = min(best[i], time.perf_counter() - start)
+                with Stopwatch() as watch:
+                    fn(x)
+                best[i] = min(best[i], watch.seconds)
     return best
 
 
@@ -158,9 +158,7 @@ def _float_rows(model: torch.nn.Module, batches: list) -> list:
 
 def _onnxruntime_float_rows(model: torch.nn.Module, batches: list) -> list:
     """The float model in an onnxruntime session, the onnxruntime int8 rows' twin."""
-    start = time.perf_counter()
-    run = lower_float("onnxruntime", model, (batches[0],), True)
-    lowering = time.perf_counter() - start
+    run, lowering = timed(lambda: lower_float("onnxruntime", model, (batches[0],), True))
     return [
         ("onnxruntime float", b, lambda t, run=run: run([t]), x, 0, lowering, "fp32 session", None)
         for b, x in zip(BATCHES, _inputs(batches), strict=True)
@@ -173,18 +171,18 @@ def _executorch_float_rows(model: torch.nn.Module, x: torch.Tensor) -> list:
     from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
 
-    start = time.perf_counter()
-    shapes = dynamic_batch_shapes((x,), DEFAULT_MAX_BATCH)  # bounded, as qviz.lower does
-    program = torch.export.export(model, (x,), dynamic_shapes=shapes)
-    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-    buffer = edge.to_executorch().buffer
-    try:
-        loaded = Runtime.get().load_program(buffer)
-    except MemoryError as exc:  # ExecuTorch's loader, not the machine: say so and go on
-        print(f"ExecuTorch could not load the float program ({len(buffer) >> 20} MiB): {exc}")
-        return []
-    method = loaded.load_method("forward")
-    lowering = time.perf_counter() - start
+    with Stopwatch() as watch:
+        shapes = dynamic_batch_shapes((x,), DEFAULT_MAX_BATCH)  # bounded, as qviz.lower does
+        program = torch.export.export(model, (x,), dynamic_shapes=shapes)
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        buffer = edge.to_executorch().buffer
+        try:
+            loaded = Runtime.get().load_program(buffer)
+        except MemoryError as exc:  # ExecuTorch's loader, not the machine: say so and go on
+            print(f"ExecuTorch could not load the float program ({len(buffer) >> 20} MiB): {exc}")
+            return []
+        method = loaded.load_method("forward")
+    lowering = watch.seconds
 
     def run(t: torch.Tensor, _keep: tuple = (buffer, loaded)) -> list:
         return method.execute([t])
@@ -255,8 +253,8 @@ def _print(name: str, rows: list) -> None:
 
 
 def main() -> None:
-    torch.set_num_threads(2)
-    print(f"torch {torch.__version__}; machine: {machine()}; 2 threads")
+    threads = set_threads(2)
+    print(f"torch {torch.__version__}; machine: {machine()}; {threads} threads")
     picked = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backends=")]
     backends = tuple(picked[0].split(",")) if picked else BACKENDS
     names = [a for a in sys.argv[1:] if not a.startswith("--")]

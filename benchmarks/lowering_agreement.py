@@ -34,7 +34,8 @@ from qviz.engine.quantizers import (
 from qviz.numeric import bisect_lowering, compare_lowered
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lowering import Encoder, _cpu_flags
+from _machine import cpu_flags
+from lowering import Encoder
 
 MODELS = ("digits", "resnet18", "mobilenet_v2", "encoder")
 
@@ -83,7 +84,7 @@ def _line(name: str, backend: str, result, seconds: float) -> str:
 
 
 def main(names: list[str]) -> None:
-    print(f"torch {torch.__version__}; CPU int8 flags: {_cpu_flags()}")
+    print(f"torch {torch.__version__}; CPU int8 flags: {cpu_flags()}")
     for name in names:
         model, batches = _model(name)
         xnnpack_converted = _converted(model, batches, "xnnpack")

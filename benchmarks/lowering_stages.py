@@ -17,11 +17,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
+from pathlib import Path
+
+from _machine import Stopwatch
 
 _CHILD = r"""
-import json, sys, time
+import json, sys
+sys.path.insert(0, sys.argv[3])  # benchmarks/, for _machine
 import torch, qviz
+from _machine import Stopwatch
 from qviz.engine.graph.capture import dynamic_batch_shapes
 from qviz.engine.lower.machine import machine
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
@@ -41,44 +45,45 @@ if sys.argv[2] == "cold":  # the first lowering in this process, as a user's fir
     print(json.dumps(qviz.lower(converted, (x,), backend="xnnpack").lowering_seconds))
     sys.exit(0)
 times = {}
-t = time.perf_counter()
-import executorch.exir as exir
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.runtime import Runtime
-times["import ExecuTorch"] = time.perf_counter() - t
-t = time.perf_counter()
-program = torch.export.export(converted, (x,), dynamic_shapes=dynamic_batch_shapes((x,), 64))
-times["torch.export"] = time.perf_counter() - t
-t = time.perf_counter()
-edge = exir.to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-times["to_edge_transform_and_lower"] = time.perf_counter() - t
-t = time.perf_counter()
-buffer = edge.to_executorch().buffer
-times["to_executorch"] = time.perf_counter() - t
-t = time.perf_counter()
-Runtime.get().load_program(buffer).load_method("forward")
-times["load"] = time.perf_counter() - t
+with Stopwatch() as t:
+    import executorch.exir as exir
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.runtime import Runtime
+times["import ExecuTorch"] = t.seconds
+with Stopwatch() as t:
+    program = torch.export.export(converted, (x,), dynamic_shapes=dynamic_batch_shapes((x,), 64))
+times["torch.export"] = t.seconds
+with Stopwatch() as t:
+    edge = exir.to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+times["to_edge_transform_and_lower"] = t.seconds
+with Stopwatch() as t:
+    buffer = edge.to_executorch().buffer
+times["to_executorch"] = t.seconds
+with Stopwatch() as t:
+    Runtime.get().load_program(buffer).load_method("forward")
+times["load"] = t.seconds
 times["qviz.lower (warm)"] = qviz.lower(converted, (x,), backend="xnnpack").lowering_seconds
 print(json.dumps({"machine": str(machine()), "stages": times}))
 """
 
 
 def _child(name: str, mode: str) -> str:
-    run = subprocess.run([sys.executable, "-c", _CHILD, name, mode], capture_output=True,
+    here = str(Path(__file__).resolve().parent)
+    run = subprocess.run([sys.executable, "-c", _CHILD, name, mode, here], capture_output=True,
                          text=True, check=True)  # fmt: skip
     return run.stdout.strip().splitlines()[-1]
 
 
 def main() -> None:
     for name in sys.argv[1:] or ["digits", "resnet18"]:
-        start = time.perf_counter()
-        cold = float(_child(name, "cold"))
-        staged = json.loads(_child(name, "stages"))
+        with Stopwatch() as watch:
+            cold = float(_child(name, "cold"))
+            staged = json.loads(_child(name, "stages"))
         print(f"\n{name} on {staged['machine']}")
         print(f"  qviz.lower (cold, first in its process): {cold:7.1f} s")
         for stage, seconds in staged["stages"].items():
             print(f"  {stage:40s} {seconds:7.1f} s")
-        print(f"  (measured in {time.perf_counter() - start:.0f} s)")
+        print(f"  (measured in {watch.seconds:.0f} s)")
 
 
 if __name__ == "__main__":

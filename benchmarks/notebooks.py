@@ -21,13 +21,12 @@ import argparse
 import contextlib
 import re
 import sys
-import time
 from pathlib import Path
 
 import nbformat
+from _machine import Stopwatch, cpu, timed
 from lab_runner import LabRunner
 from nbclient import NotebookClient
-from repair import _cpu
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 _STATED = re.compile(r"\*Time:[^*]*?(\d+)\s*(s|min)", re.IGNORECASE)
@@ -49,16 +48,14 @@ def run(path: Path) -> tuple[float, int, float]:
         "metadata": {"path": str(path.parent)}})  # fmt: skip
     original = client.async_execute_cell
 
-    async def timed(cell, index, **kwargs):
-        start = time.perf_counter()
-        out = await original(cell, index, **kwargs)
-        cell_times.append((time.perf_counter() - start, index))
+    async def timed_cell(cell, index, **kwargs):
+        with Stopwatch() as watch:
+            out = await original(cell, index, **kwargs)
+        cell_times.append((watch.seconds, index))
         return out
 
-    client.async_execute_cell = timed  # type: ignore[method-assign]
-    start = time.perf_counter()
-    client.execute()
-    seconds = time.perf_counter() - start
+    client.async_execute_cell = timed_cell  # type: ignore[method-assign]
+    _, seconds = timed(client.execute)
     slowest, index = max(cell_times, default=(0.0, -1))
     return seconds, index, slowest
 
@@ -72,7 +69,7 @@ def main(argv: list[str]) -> None:
     paths = sorted(NOTEBOOKS.glob("*.ipynb"))
     if args.names:
         paths = [p for p in paths if any(n in p.name for n in args.names)]
-    print(f"CPU: {_cpu()}\n")
+    print(f"CPU: {cpu()}\n")
     with LabRunner() if args.lab else contextlib.nullcontext() as lab:
         table(paths, args.repeat, lab)
 

@@ -52,13 +52,13 @@ import json
 import resource
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torchvision
+from _machine import Stopwatch, set_threads
 from torch.fx import GraphModule, Interpreter, Node
 
 import qviz
@@ -154,9 +154,9 @@ def best_of(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, tupl
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
     for _ in range(repeat):
         for key, fn in fns.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            times[key].append((time.perf_counter() - wall, time.process_time() - cpu))
+            with Stopwatch() as watch:
+                fn()
+            times[key].append((watch.seconds, watch.cpu_seconds))
     return {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in times.items()}
 
 
@@ -317,7 +317,7 @@ def main() -> None:
     parser.add_argument("--phase", choices=phases, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="resnet18", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     warnings.filterwarnings("ignore")
     if args.phase:
         phase(args)

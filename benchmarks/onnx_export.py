@@ -31,9 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -41,18 +39,13 @@ import numpy as np
 import onnxruntime as ort
 import torch
 import torchvision
+from _machine import set_threads, timed
 
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
 REPEATS = int(os.environ.get("QVIZ_BENCH_REPEATS", "5"))
 THREADS = 2
-
-
-def seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def digits() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -113,12 +106,12 @@ def run(name: str, folder: Path) -> list[tuple[str, str, float, float]]:
     keys = ("export", "torch.onnx", "torch", "plain", "optimized")
     rounds: dict[str, list[float]] = {k: [] for k in keys}
     for _ in range(REPEATS):
-        rounds["export"].append(seconds(export))
-        rounds["torch.onnx"].append(seconds(plain))
+        rounds["export"].append(timed(export)[1])
+        rounds["torch.onnx"].append(timed(plain)[1])
         with torch.no_grad():
-            rounds["torch"].append(seconds(lambda: converted(x)))
-        rounds["plain"].append(seconds(lambda: sessions[False].run(None, feed)))
-        rounds["optimized"].append(seconds(lambda: sessions[True].run(None, feed)))
+            rounds["torch"].append(timed(lambda: converted(x))[1])
+        rounds["plain"].append(timed(lambda: sessions[False].run(None, feed))[1])
+        rounds["optimized"].append(timed(lambda: sessions[True].run(None, feed))[1])
     t = {k: median(v) for k, v in rounds.items()}
     steps = [
         float(np.abs(sessions[opt].run(None, feed)[0] - expected).max()) / output_step(converted)
@@ -133,7 +126,7 @@ def run(name: str, folder: Path) -> list[tuple[str, str, float, float]]:
 
 
 def main(names: list[str]) -> None:
-    torch.set_num_threads(THREADS)
+    set_threads(THREADS)
     warnings.filterwarnings("ignore", message=".*training mode.*")  # converted graphs have no eval
     print(
         f"torch {torch.__version__}, onnxruntime {ort.__version__}, {THREADS} threads, "

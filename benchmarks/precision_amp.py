@@ -37,11 +37,11 @@ import contextlib
 import copy
 import dataclasses
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from _machine import Stopwatch
 from repair import _aimet_config, _aimet_import
 
 Candidate = tuple[int | None, int | None]
@@ -292,19 +292,19 @@ def amp_search(
     with tempfile.TemporaryDirectory() as results, _recording_algo() as seen:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            start = time.perf_counter()
-            choose_mixed_precision(
-                sim,
-                example,
-                _aimet_candidates(candidates),
-                phase1,
-                phase2,
-                allowed_accuracy_drop=allowed_drop,
-                results_dir=results,
-                clean_start=True,
-                forward_pass_callback=calibrate,
-            )
-            seconds = time.perf_counter() - start
+            with Stopwatch() as watch:
+                choose_mixed_precision(
+                    sim,
+                    example,
+                    _aimet_candidates(candidates),
+                    phase1,
+                    phase2,
+                    allowed_accuracy_drop=allowed_drop,
+                    results_dir=results,
+                    clean_start=True,
+                    forward_pass_callback=calibrate,
+                )
+    seconds = watch.seconds
     algo = seen[0]
     with torch.no_grad():
         metric = float(score(sim.model))

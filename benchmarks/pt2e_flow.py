@@ -21,12 +21,12 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import time
 from collections.abc import Callable
 from statistics import median
 
 import torch
 import torchvision
+from _machine import set_threads, timed
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e as ref_convert
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e as ref_prepare
 from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer as RefQuantizer
@@ -41,12 +41,6 @@ BATCH, N_BATCHES = 8, 10
 REPEATS = int(os.environ.get("QVIZ_BENCH_REPEATS", "3"))
 
 
-def seconds(fn: Callable[[], object]) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
 def forward_all(model: torch.nn.Module, batches: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for b in batches:
@@ -54,7 +48,7 @@ def forward_all(model: torch.nn.Module, batches: list[torch.Tensor]) -> None:
 
 
 def _timed(fn: Callable[..., object], *args: object, **kwargs: object) -> float:
-    return seconds(lambda: fn(*args, **kwargs))[0]
+    return timed(lambda: fn(*args, **kwargs))[1]
 
 
 def _rounds(model, batches, prepare_ref, prepare_ours) -> dict[str, list[float]]:
@@ -72,18 +66,18 @@ def run(name: str) -> list[tuple[str, str, float, float]]:
     model = getattr(torchvision.models, name)(weights=None).eval()
     g = torch.Generator().manual_seed(0)
     batches = [torch.randn(BATCH, 3, 224, 224, generator=g) for _ in range(N_BATCHES)]
-    t_export, gm = seconds(lambda: qviz.export(model, (batches[0],)))
+    gm, t_export = timed(lambda: qviz.export(model, (batches[0],)))
     forward_all(model, batches[:2])  # warm-up: first calls pack weights and allocate
 
     ref_q = RefQuantizer().set_global(ref_config(is_per_channel=True))
-    t_rp, ref = seconds(lambda: ref_prepare(copy.deepcopy(gm), ref_q))
+    ref, t_rp = timed(lambda: ref_prepare(copy.deepcopy(gm), ref_q))
     forward_all(ref, batches)
-    t_rv, _ = seconds(lambda: ref_convert(ref))
+    _, t_rv = timed(lambda: ref_convert(ref))
 
     ours_q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
-    t_qp, ours = seconds(lambda: qviz.prepare_pt2e(gm, ours_q))
+    ours, t_qp = timed(lambda: qviz.prepare_pt2e(gm, ours_q))
     qviz.calibrate(ours, batches, progress=False)
-    t_qv, _ = seconds(lambda: qviz.convert_pt2e(ours))
+    _, t_qv = timed(lambda: qviz.convert_pt2e(ours))
 
     rounds = _rounds(
         model,
@@ -106,7 +100,7 @@ def run(name: str) -> list[tuple[str, str, float, float]]:
 
 
 def main(names: list[str]) -> None:
-    torch.set_num_threads(2)
+    set_threads(2)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {BATCH}, "
         f"{N_BATCHES} calibration batches, median of {REPEATS} alternating rounds"

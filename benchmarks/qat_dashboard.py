@@ -15,10 +15,10 @@ wall time they took.
 from __future__ import annotations
 
 import sys
-import time
 from statistics import median
 
 import torch
+from _machine import Stopwatch, set_threads, timed
 from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 from torchao.testing.pt2e._xnnpack_quantizer import (
     XNNPACKQuantizer,
@@ -45,18 +45,18 @@ def _train(model, monitor, steps: int) -> list[float]:
     times = []
     for i in range(steps):
         images, labels = full[i % len(full)]
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        opt.step()
-        monitor.step(loss=loss)
-        times.append(time.perf_counter() - start)
+        with Stopwatch() as watch:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            loss.backward()
+            opt.step()
+            monitor.step(loss=loss)
+        times.append(watch.seconds)
     return times
 
 
 def main(steps: int = 100) -> None:
-    torch.set_num_threads(2)
+    set_threads(2)
     model = _prepared()
     monitor = QATMonitor(model)
     plain = _train(model, monitor, steps)
@@ -66,9 +66,7 @@ def main(steps: int = 100) -> None:
     text_only = [dash.refresh().last_render_s for _ in range(5)]
     dash.figure = True
     before = dash.renders
-    start = time.perf_counter()
-    live = _train(model, monitor, steps)
-    wall = time.perf_counter() - start
+    live, wall = timed(lambda: _train(model, monitor, steps))
     renders = dash.renders - before
     print(f"{len(monitor.modules)} fake-quantize modules, {steps} steps per loop")
     print(f"training step (monitor included), median: {median(plain) * 1e3:.1f} ms")

@@ -19,13 +19,12 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import time
 import warnings
-from collections.abc import Callable
 from statistics import median
 
 import torch
 import torchvision
+from _machine import Stopwatch, set_threads, timed
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e as ref_convert
 from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e as ref_prepare_qat
 from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer as RefQuantizer
@@ -51,12 +50,6 @@ def _model_and_batches(name: str) -> tuple[torch.nn.Module, list[torch.Tensor], 
     return model, [torch.randn(4, 3, 64, 64, generator=g) for _ in range(STEPS + 1)], 10
 
 
-def _seconds(fn: Callable[[], object]) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
 def _train(model: torch.nn.Module, batches: list[torch.Tensor], classes: int) -> list[float]:
     """One SGD step per batch but the last; the time of each."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -65,19 +58,19 @@ def _train(model: torch.nn.Module, batches: list[torch.Tensor], classes: int) ->
     times = []
     for x in batches[:-1]:
         target = torch.randint(0, classes, (x.shape[0],), generator=g)
-        start = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(x), target)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        times.append(time.perf_counter() - start)
+        with Stopwatch() as watch:
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        times.append(watch.seconds)
     return times
 
 
 def _flow(gm, prepare, convert, quantizer, batches, classes) -> tuple[float, float, float, object]:
-    t_prepare, prepared = _seconds(lambda: prepare(copy.deepcopy(gm), quantizer))
+    prepared, t_prepare = timed(lambda: prepare(copy.deepcopy(gm), quantizer))
     t_step = median(_train(prepared, batches, classes))
-    t_convert, converted = _seconds(lambda: convert(prepared))
+    converted, t_convert = timed(lambda: convert(prepared))
     qviz.move_exported_model_to_eval(converted)  # dropout off: the comparison is deterministic
     return t_prepare, t_step, t_convert, converted
 
@@ -110,7 +103,7 @@ def run(name: str) -> list[tuple[str, str, float, float]]:
 
 
 def main(names: list[str]) -> None:
-    torch.set_num_threads(2)
+    set_threads(2)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {REPEATS} "
         f"alternating rounds, {STEPS} training steps each"

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 import warnings
 from statistics import median
 
 import torch
+from _machine import Stopwatch, set_threads
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -46,20 +46,20 @@ def _epoch(model, loaders, stats_every: int | None) -> tuple[float, int]:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     monitor = QATMonitor(model, stats_every=stats_every) if stats_every else None
     steps = 0
-    start = time.perf_counter()
-    for images, labels in loaders.train:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        opt.step()
-        if monitor is not None:
-            monitor.step(loss=loss)
-        steps += 1
-    return time.perf_counter() - start, steps
+    with Stopwatch() as watch:
+        for images, labels in loaders.train:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            loss.backward()
+            opt.step()
+            if monitor is not None:
+                monitor.step(loss=loss)
+            steps += 1
+    return watch.seconds, steps
 
 
 def main() -> None:
-    torch.set_num_threads(2)
+    threads = set_threads(2)
     warnings.simplefilter("ignore")
     model, loaders = _prepared()
     _epoch(model, loaders, None)  # warm-up
@@ -69,7 +69,9 @@ def main() -> None:
             seconds, steps = _epoch(model, loaders, every)
             runs.append(seconds / steps)
     plain = median(times[None])
-    print(f"digits QAT step (batch 64, {steps} steps per round, {REPEATS} rounds, 2 threads)")
+    print(
+        f"digits QAT step (batch 64, {steps} steps per round, {REPEATS} rounds, {threads} threads)"
+    )
     print(f"  without monitor {plain * 1e3:7.2f} ms")
     for every in (1, 4):
         # the overhead of each round against the plain run of the same round: a shared

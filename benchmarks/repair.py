@@ -40,56 +40,36 @@ import copy
 import os
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _machine import cpu, set_threads, timed
 
 import qviz
 from qviz.data import digits_loaders, digits_model, evaluate
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair import adaround, bias_correction, cross_layer_equalization, smooth_quant
-from qviz.numeric import RepairSession
+from qviz.numeric import RepairSession, sqnr
 
 PARTS = ("digits", "torchvision", "encoder")
 DIGITS_ITERATIONS, VISION_ITERATIONS = 300, 50
 
 
-def _cpu() -> str:
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    lines = text.splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-    flags = next((ln for ln in lines if ln.startswith("flags")), "")
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
-    have = " ".join(f for f in wanted if f" {f}" in flags) or "none of " + " ".join(wanted)
-    return f"{model} ({os.cpu_count()} cores), {have}"
-
-
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = fn()
-    return out, time.perf_counter() - start
+        return timed(fn)
 
 
 def _inputs(batches: list) -> list[torch.Tensor]:
     return [b[0] if isinstance(b, (tuple, list)) else b for b in batches]
 
 
-def _sqnr(reference: list[torch.Tensor], model: Any, inputs: list[torch.Tensor]) -> float:
-    """Output SQNR in dB of ``model`` against the float outputs ``reference``, over all inputs."""
-    num = den = 0.0
+def _outputs(model: Any, inputs: list[torch.Tensor]) -> torch.Tensor:
     with torch.no_grad():
-        for r, x in zip(reference, inputs, strict=True):
-            num += float(r.pow(2).sum())
-            den += float((r - model(x)).pow(2).sum())
-    return 10 * torch.log10(torch.tensor(num / max(den, 1e-30))).item()
+        return torch.cat([model(x) for x in inputs])
 
 
 def _config(bits: int, per_channel: bool, *, is_qat: bool = False):
@@ -332,11 +312,10 @@ def run_digits(settings: list[tuple[int, bool]]) -> None:
     calib = list(loaders.calibration)
     test = list(loaders.test)
     test_inputs = _inputs(test)
-    with torch.no_grad():
-        reference = [model(x) for x in test_inputs]
+    reference = _outputs(model, test_inputs)
 
     def measure(m) -> tuple[float, float]:
-        return evaluate(m, test), _sqnr(reference, m, test_inputs)
+        return evaluate(m, test), sqnr(reference, _outputs(m, test_inputs))
 
     print(f"\n== digits: {sum(len(x) for x in test_inputs)} test images, "
           f"{sum(len(x) for x in _inputs(calib))} calibration images ==")  # fmt: skip
@@ -375,7 +354,7 @@ def _vision_setting(name, bits, per_channel, ctx) -> None:
     ada, ada_s = _timed(lambda: _adaround(ptq, gm, calib, it))
     (near, a_ada), a_s = _timed(lambda: _aimet_adaround(model, shape, calib, bits, per_channel, it))
     cle_bc, bc_s = _timed(lambda: bias_correction(cle, cle_gm, calib))
-    db = lambda m: (None, _sqnr(reference, m, test))  # noqa: E731
+    db = lambda m: (None, sqnr(reference, _outputs(m, test)))  # noqa: E731
     rows = [
         ("PTQ (nearest)", *db(ptq), None),
         ("qviz CLE", *db(cle), cle_s),
@@ -397,8 +376,7 @@ def _vision(name: str, size: int) -> None:
     g = torch.Generator().manual_seed(1)
     calib = [torch.randn(8, 3, size, size, generator=g) for _ in range(4)]
     test = [torch.randn(16, 3, size, size, generator=g) for _ in range(2)]
-    with torch.no_grad():
-        reference = [model(x) for x in test]
+    reference = _outputs(model, test)
     shape = (1, 3, size, size)
     gm = qviz.export(model, (calib[0],), dynamic_batch=True)
     cle = _timed(lambda: cross_layer_equalization(gm))
@@ -458,26 +436,25 @@ def run_encoder() -> None:
     g = torch.Generator().manual_seed(1)
     calib = [torch.randn(8, 16, 64, generator=g) for _ in range(4)]
     test = [torch.randn(8, 16, 64, generator=g) for _ in range(4)]
-    with torch.no_grad():
-        reference = [model(x) for x in test]
+    reference = _outputs(model, test)
     print("\n== encoder: 2 pre-norm layers, d_model 64, 16 tokens; LayerNorm outputs with")
     print("   3 channels x80 (the linears' columns /80), 32 calibration / 32 test sequences ==")
     gm = qviz.export(model, (calib[0],), dynamic_batch=True)
     cfg = get_symmetric_quantization_config(is_per_channel=False)
     prepared, ptq = _ptq(gm, cfg, calib)
-    rows = [("PTQ (nearest)", None, _sqnr(reference, ptq, test), None)]
+    rows = [("PTQ (nearest)", None, sqnr(reference, _outputs(ptq, test)), None)]
     for alpha in (0.5, 0.8):
         smoothed, s = _timed(lambda a=alpha: smooth_quant(gm, calib, alpha=a, progress=False))
         rows.append(
             (
                 f"SmoothQuant alpha {alpha}",
                 None,
-                _sqnr(reference, _ptq(smoothed, cfg, calib)[1], test),
+                sqnr(reference, _outputs(_ptq(smoothed, cfg, calib)[1], test)),
                 s,
             )
         )
     for label, fixed, s in _prescribed(gm, cfg, calib, DIGITS_ITERATIONS):
-        rows.append((label, None, _sqnr(reference, fixed, test), s))
+        rows.append((label, None, sqnr(reference, _outputs(fixed, test)), s))
     _table("encoder, W8A8 per-tensor", rows, with_accuracy=False)
     print("\n".join(_diagnosis(gm, prepared, ptq, calib)))
 
@@ -487,8 +464,8 @@ def main(argv: list[str]) -> None:
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise SystemExit(f"unknown part(s) {unknown}; choose from {PARTS}")
-    torch.set_num_threads(2)
-    print(f"CPU: {_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    set_threads(2)
+    print(f"CPU: {cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     if "digits" in parts:
         settings = [(b, pc) for b in (4, 3, 2) for pc in (True, False)]
         chosen = [a.split("=", 1)[1] for a in argv if a.startswith("--settings=")]

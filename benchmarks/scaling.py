@@ -24,10 +24,10 @@ prepare 0.064 / 0.136 / 0.274 s (0.25 s per 1,000 nodes, ratio 1.08), calibrate 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+from _machine import set_threads, timed
 from torch import nn
 
 import qviz
@@ -45,12 +45,7 @@ def transformer(layers: int) -> nn.Module:
 
 
 def best(fn: Callable[[], object], repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timed(fn)[1] for _ in range(repeat))
 
 
 def times_at(layers: int) -> tuple[int, dict[str, float]]:
@@ -87,7 +82,7 @@ def slope(xs: list[int], ys: list[float]) -> float:
 
 
 def main(depths: list[int]) -> None:
-    torch.set_num_threads(1)
+    set_threads(1)
     rows = [times_at(d) for d in depths]
     nodes = [n for n, _ in rows]
     print(f"{'layers':>10s} " + " ".join(f"{d:>9d}" for d in depths))

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 import torch
-from repair import _cpu
+from _machine import cpu, set_threads, timed
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -78,9 +77,10 @@ def _run(gm, calib, test, metric, reuse: bool) -> tuple[Any, float, list[bool]]:
     q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
     ObserverReuse.fill = fill  # type: ignore[method-assign]
     try:
-        start = time.perf_counter()
-        df = sensitivity(gm, q, test, metric=metric, calibration_data=calib, progress=False)
-        return df, time.perf_counter() - start, filled
+        df, seconds = timed(
+            lambda: sensitivity(gm, q, test, metric=metric, calibration_data=calib, progress=False)
+        )
+        return df, seconds, filled
     finally:
         ObserverReuse.fill = original  # type: ignore[method-assign]
 
@@ -89,8 +89,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
-    print(f"CPU: {_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    set_threads(2)
+    print(f"CPU: {cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print(f"{'model':<10}{'variants':>9}{'copied':>8}{'every pass s':>14}{'once s':>9}"
           f"{'ratio':>7}  bitwise")  # fmt: skip
     for name, build in (("digits", _digits), ("resnet18", _resnet18), ("encoder", _encoder)):

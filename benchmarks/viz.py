@@ -32,11 +32,11 @@ efficientnet_v2_l (no target) take 3 s. The node count includes the reference bo
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 import torchvision
+from _machine import set_threads, timed
 from torch import nn
 
 import qviz
@@ -54,12 +54,7 @@ MODELS = [
 
 def best(fn: Callable[[], object], repeat: int = 3) -> float:
     fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timed(fn)[1] for _ in range(repeat))
 
 
 def transformer(layers: int, d_model: int = 64) -> nn.Module:
@@ -112,7 +107,7 @@ def measure(name: str, fx: bool) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    torch.set_num_threads(1)
+    set_threads(1)
     fx = "--fx" in argv
     names = [a for a in argv if a != "--fx"] or MODELS
     head = f"{'model':18s} {'nodes':>6s} {'folded':>7s} {'obs. s':>8s} {'coll. s':>8s}"

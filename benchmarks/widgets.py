@@ -16,11 +16,11 @@ as the ratio figure / budget.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torchvision
+from _machine import set_threads, timed
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -32,11 +32,7 @@ RUNS = 5
 
 def median_ms(fn: Callable[[int], object]) -> float:
     fn(-1)  # warm-up
-    times = []
-    for i in range(RUNS):
-        start = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - start)
+    times = [timed(lambda i=i: fn(i))[1] for i in range(RUNS)]
     return 1e3 * statistics.median(times)
 
 
@@ -136,7 +132,7 @@ def _edited(editor: AnnotationEditor, name: str, dtype: str) -> None:
 
 
 def main() -> None:
-    torch.set_num_threads(2)
+    set_threads(2)
     print(f"{'model':9s} {'interaction':44s} {'ms':>9s} {'budget':>8s} {'ratio':>6s}")
     digits()
     resnet18()
