@@ -25,19 +25,19 @@ NEWEST_STAMP := $(NEWEST)/.qviz-installed
 TEST_WORKERS ?= 2
 PYTEST_ARGS  := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: run test test-newest lint bench system-deps clean
+.PHONY: run test test-newest lint docs bench system-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,docs]"
 	$(BIN)/python -m pip install --quiet --no-deps aimet-torch==2.42 && $(BIN)/python -m pip install --quiet "bokeh>=3.3.0,<=3.6.3"
 	@touch $(STAMP)
 
 $(NEWEST_STAMP): pyproject.toml
 	@test -x $(NEWEST)/bin/python || $(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet --upgrade -e ".[test]"
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet --upgrade -e ".[test,docs]"
 	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet --no-deps aimet-torch==2.42 && PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install --quiet "bokeh>=3.3.0,<=3.6.3"
 	@touch $(NEWEST_STAMP)
 
@@ -83,13 +83,24 @@ lint: $(STAMP)
 
 test: $(STAMP) system-deps lint
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory docs
 
 test-newest: $(NEWEST_STAMP) system-deps
 	$(NEWEST)/bin/python -c "import torch, torchvision, torchao; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'torchao', torchao.__version__)"
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(NEWEST)/bin/python -m pytest $(PYTEST_ARGS)
 
+# The documentation site (docs/, Sphinx + MyST) into docs/_build/html, offline, every warning an
+# error. The notebooks are rendered from executed copies in docs/_build/executed/: the notebook
+# tests leave them there, so after pytest in `make test` nothing runs twice; a copy that is
+# missing or older than its notebook is executed here first (nbclient, one kernel per notebook).
+DOCS_BUILD := docs/_build
+docs: $(STAMP) system-deps
+	OMP_NUM_THREADS=1 $(BIN)/python docs/execute_notebooks.py
+	$(BIN)/python -m sphinx -b html -W --keep-going -q -d $(DOCS_BUILD)/doctrees docs $(DOCS_BUILD)/html
+	@echo "docs: $(DOCS_BUILD)/html/index.html"
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/calibrators.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(NEWEST) .pytest_cache .ruff_cache .hypothesis $(DOCS_BUILD) docs/notebooks/*.ipynb
