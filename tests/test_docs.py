@@ -66,3 +66,24 @@ def test_every_python_block_of_a_page_runs_in_order(page: Path, tmp_path: Path):
     blocks = python_blocks(page.read_text())
     label = _name(page)
     assert_ran(run_blocks(blocks, tmp_path, label), blocks, label)
+
+
+def test_an_executed_notebook_from_jupyterlab_is_saved_for_the_site(tmp_path, monkeypatch):
+    """JupyterLab's notebook model gives markdown cells ``"attachments": null``; the saved copy
+    is a valid notebook with the outputs kept, and the test's own notebook is not changed."""
+    import nbformat
+
+    from tests.helpers import executed_notebooks
+
+    monkeypatch.setattr(executed_notebooks, "EXECUTED_DIR", tmp_path)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# title"), nbformat.v4.new_code_cell("1 + 1")]
+    nb.cells[0]["attachments"] = None
+    out = nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)
+    nb.cells[1].outputs = [out]
+    saved = executed_notebooks.save_executed(nbformat.from_dict(nb), "lab.ipynb")
+    back = nbformat.read(saved, as_version=4)
+    nbformat.validate(back)
+    assert back.cells[1].outputs[0]["data"]["text/plain"] == "2"
+    assert "attachments" not in back.cells[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.ipynb"]  # no partial file left

@@ -7,6 +7,7 @@ tests executed is not executed again by the docs build.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import nbformat
@@ -22,6 +23,16 @@ def save_executed(nb: nbformat.NotebookNode, name: str) -> Path:
     EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
     target = EXECUTED_DIR / name
     partial = target.with_name(f".{name}.partial")
-    nbformat.write(nb, partial)
+    nbformat.write(_writable(nb), partial)
     partial.replace(target)
     return target
+
+
+def _writable(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy nbformat can write: JupyterLab's notebook model gives markdown cells
+    ``"attachments": null``, which nbformat's writer cannot iterate (it wants a dict or none)."""
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if "attachments" in cell and not cell["attachments"]:
+            del cell["attachments"]
+    return out
