@@ -45,9 +45,11 @@ from qviz.errors import (
     LoweringError,
     MeasurementError,
     MissingDependencyError,
+    ModelMismatchError,
     OnnxExportError,
     QuantizationError,
     QvizError,
+    StageError,
 )
 
 __version__ = "0.1.0"
@@ -60,9 +62,11 @@ __all__ = [
     "LoweringError",
     "MeasurementError",
     "MissingDependencyError",
+    "ModelMismatchError",
     "OnnxExportError",
     "QuantizationError",
     "QvizError",
+    "StageError",
     "__version__",
     "allow_exported_model_train_eval",
     "annotate_pt2e",

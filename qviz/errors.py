@@ -5,9 +5,15 @@ all; each subclass also derives from the matching built-in (``ValueError``, ``Ru
 ``ImportError``) so code written against the built-ins keeps working. Messages name the thing
 that is wrong (the tensor, the argument) and say how to fix it.
 
+A caller that wants to tell apart a wrong stage or another model catches
+:class:`StageError` or :class:`ModelMismatchError`; both are :class:`ConfigError` too, so an
+``except ConfigError`` written before them still catches them.
+
 Example:
-    >>> from qviz.errors import ConfigError, QvizError
+    >>> from qviz.errors import ConfigError, QvizError, StageError
     >>> issubclass(ConfigError, QvizError) and issubclass(ConfigError, ValueError)
+    True
+    >>> issubclass(StageError, ConfigError)
     True
 """
 
@@ -24,9 +30,11 @@ __all__ = [
     "LoweringError",
     "MeasurementError",
     "MissingDependencyError",
+    "ModelMismatchError",
     "OnnxExportError",
     "QuantizationError",
     "QvizError",
+    "StageError",
 ]
 
 
@@ -36,6 +44,18 @@ class QvizError(Exception):
 
 class ConfigError(QvizError, ValueError):
     """An argument or configuration value is invalid (unknown method, bad num_bits, ...)."""
+
+
+class StageError(ConfigError):
+    """A model at the wrong stage for this step: a prepared model where a converted one is
+    needed, an eager module where the graph qviz.export returned is, ... (the message names the
+    stage it got and the call that makes the one it needs)."""
+
+
+class ModelMismatchError(ConfigError):
+    """A record (a report, a diagnosis, a lowered program, a reference model) read against a
+    model it was not made from: other operators, other weights, or other qparams or statistics
+    (the message says which part differs)."""
 
 
 class QuantizationError(QvizError, ValueError):

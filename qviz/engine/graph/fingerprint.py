@@ -59,7 +59,7 @@ from torch import nn
 from torch.fx import Graph, GraphModule, Node
 
 from qviz.engine.graph.qdq_ops import choose_qparams_ops, dequantize_ops, quantize_ops
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, ModelMismatchError
 
 ORIGIN_KEY = "qviz_origin"
 """``gm.meta`` key: the ``tensors`` digest of the float model this model descends from."""
@@ -328,12 +328,12 @@ def check_fingerprint(record: Any, model: Any, where: str, *, what: str = "the r
         >>> check_fingerprint(record, torch.nn.ReLU(), "here")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        qviz.errors.ConfigError: here: the report measured another model than this one: other \
+        qviz.errors.ModelMismatchError: here: the report measured another model than this one: other \
 operators (model ... (1 operator) against model ... (1 operator)); run qviz.numeric.compare ...
         >>> check_fingerprint(record, torch.nn.Linear(2, 2), "here")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        qviz.errors.ConfigError: here: the report measured another model than this one: the \
+        qviz.errors.ModelMismatchError: here: the report measured another model than this one: the \
 same operators with other weights: made from another float model; run qviz.numeric.compare ...
     """
     measured = getattr(record, "fingerprint", None)
@@ -343,7 +343,7 @@ same operators with other weights: made from another float model; run qviz.numer
     if _accepts(record, this):
         return
     why = _closest(record, this).difference(this) or "another model"
-    raise ConfigError(
+    raise ModelMismatchError(
         f"{where}: {what} measured another model than this one: {why}; run "
         f"qviz.numeric.compare on this model (compare(float_model, quantized, data)) and pass "
         f"its report"
@@ -372,7 +372,7 @@ def check_same_model(made_from: Fingerprint, model: Any, where: str, *, what: st
     if this == made_from or (this.digest == made_from.digest and not this.tensors):
         return  # the same model, or its ExportedProgram (whose tensors are not read)
     why = made_from.difference(this) or "another model"
-    raise ConfigError(
+    raise ModelMismatchError(
         f"{where}: {what} was made from another model than this one: {why}; pass the model it "
         f"was made from, or make it again from this one"
     )
@@ -402,7 +402,7 @@ def check_lineage(float_model: Any, quantized: Any, where: str) -> None:
         >>> check_lineage(other, prepared, "here")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        qviz.errors.ConfigError: here: the quantized model was prepared from another float \
+        qviz.errors.ModelMismatchError: here: the quantized model was prepared from another float \
 model (weights ...) than float_model (weights ...): pass the float model you gave ...
     """
     meta = getattr(quantized, "meta", None)
@@ -412,7 +412,7 @@ model (weights ...) than float_model (weights ...): pass the float model you gav
     given = origin_of(float_model)
     if given == recorded:
         return
-    raise ConfigError(
+    raise ModelMismatchError(
         f"{where}: the quantized model was prepared from another float model (weights "
         f"{recorded}) than float_model (weights {given}): pass the float model you gave "
         f"prepare_pt2e (its BatchNorm unfolded, its weights as they were), or prepare, "
@@ -452,7 +452,7 @@ def check_converted_from(record: Any, prepared: Any, where: str) -> None:
         why = "the same operators with other weights: made from another float model"
     else:
         why = "the same model with other observer statistics (calibrated again, or otherwise)"
-    raise ConfigError(
+    raise ModelMismatchError(
         f"{where}: the report's quantized model was not converted from this prepared model: "
         f"{why}; pass the prepared model as it was when you converted it, or convert this one "
         f"and compare again"

@@ -28,7 +28,7 @@ Example:
     >>> check_stage(gm, Stage.PREPARED, where="calibrate")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    qviz.errors.ConfigError: calibrate takes the model qviz.prepare_pt2e returned as model, but \
+    qviz.errors.StageError: calibrate takes the model qviz.prepare_pt2e returned as model, but \
 got a float GraphModule (never prepared: no observers, no quantize/dequantize ops); prepare it \
 first: ...
 """
@@ -42,7 +42,7 @@ from torch import nn
 from torch.fx import GraphModule
 
 from qviz.engine.compat import OpOverload
-from qviz.errors import ConfigError
+from qviz.errors import ConfigError, StageError
 
 _QDQ_NAMESPACES = ("quantized_decomposed", "torchao")
 
@@ -164,7 +164,7 @@ def check_stage(
         return stage
     kind = "GraphModule" if isinstance(model, GraphModule) else type(model).__name__
     if stage in wanted:  # a float eager module where the exported graph is needed
-        raise ConfigError(
+        raise StageError(
             f"{where} takes the graph module qviz.export returns as {arg} (it quantizes it), "
             f"got a {kind}: call qviz.export(model.eval(), example_inputs) first"
         )
@@ -173,6 +173,6 @@ def check_stage(
         for s in wanted
     )
     fix = _FIX.get((stage, wanted[0]), f"pass {names}")
-    raise ConfigError(
+    raise StageError(
         f"{where} takes {names} as {arg}, but got a {stage.value} {kind} ({_IS[stage]}); {fix}"
     )
