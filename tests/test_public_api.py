@@ -313,8 +313,15 @@ HEADLINE = [
     "export_onnx",
     "numeric.compare",
     "numeric.sensitivity",
+    "numeric.compare_lowered",
+    "numeric.bisect_lowering",
+    "numeric.diagnose",
+    "numeric.RepairSession",
+    "numeric.search_precision",
+    "lower",
     "viz.graph",
     "viz.report",
+    "viz.ranges",
 ]
 
 

@@ -57,6 +57,17 @@ def ranges(prepared: Any, *, outlier: float = 4.0, max_members: int = 2) -> Any:
     Raises:
         ConfigError: ``prepared`` has no ``.plan`` (not from ``qviz.prepare_pt2e``).
         CalibrationError: an observer saw no data.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+        >>> data = [torch.randn(8, 4) for _ in range(2)]
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> prepared = qviz.prepare_pt2e(qviz.export(model, (data[0],)), q)
+        >>> fig = qviz.viz.ranges(qviz.calibrate(prepared, data, progress=False))
+        >>> len(fig.qviz_rows) >= 2, sorted(fig.qviz_rows[0])[:3]
+        (True, ['group', 'high', 'low'])
     """
     if isinstance(prepared, nn.Module) and model_stage(prepared) is Stage.CONVERTED:
         raise ConfigError(
