@@ -328,12 +328,12 @@ def check_fingerprint(record: Any, model: Any, where: str, *, what: str = "the r
         >>> check_fingerprint(record, torch.nn.ReLU(), "here")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        qviz.errors.ModelMismatchError: here: the report measured another model than this one: other \
+        qviz.errors.ModelMismatchError: here: the report measured another model than ... other \
 operators (model ... (1 operator) against model ... (1 operator)); run qviz.numeric.compare ...
         >>> check_fingerprint(record, torch.nn.Linear(2, 2), "here")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        qviz.errors.ModelMismatchError: here: the report measured another model than this one: the \
+        qviz.errors.ModelMismatchError: here: the report measured another model than ... the \
 same operators with other weights: made from another float model; run qviz.numeric.compare ...
     """
     measured = getattr(record, "fingerprint", None)
