@@ -177,6 +177,7 @@ def _user_model(spec: str) -> tuple[Any, list[Any]]:
 def _report(args: argparse.Namespace) -> int:
     import qviz
     from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    from qviz.numeric.variants.variants import prepare_variant
     from qviz.viz import report
 
     if args.model is None:
@@ -191,8 +192,8 @@ def _report(args: argparse.Namespace) -> int:
         is_per_channel=not args.per_tensor,
         switchable=True,  # every method in the histograms
     )
-    prepared = qviz.prepare_pt2e(exported, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
+    quantizer = XNNPACKQuantizer().set_global(config)
+    prepared = prepare_variant(exported, quantizer, batches, where="qviz report")
     target = qviz.convert_pt2e(prepared) if args.stage == "converted" else prepared
     path = report(target, args.out, title=f"qviz report: {title} ({args.stage})")
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")

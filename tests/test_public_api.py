@@ -174,6 +174,35 @@ def test_every_error_class_is_exported_from_qviz():
     assert all(getattr(qviz, name) is getattr(qviz.errors, name) for name in classes)
 
 
+# Records mirroring a PyTorch quantization class keep its signature, positional arguments
+# included, so code written against torchao / torch.ao / NVIDIA's toolkit runs unchanged.
+SIGNATURE_OF_THE_ORIGINAL = {
+    "qviz.engine.specs.QuantizationSpec",  # torchao.quantization.pt2e.quantizer
+    "qviz.engine.specs.FixedQParamsQuantizationSpec",
+    "qviz.engine.specs.DerivedQuantizationSpec",
+    "qviz.engine.backend_config.dtypes.DTypeWithConstraints",  # torch.ao backend_config
+    "qviz.engine.tensor.descriptor.QuantDescriptor",  # pytorch_quantization.tensor_quant
+}
+
+
+def test_records_with_more_than_five_fields_are_keyword_only():
+    """House rule 5: a record of six fields or more is built by keyword, so adding or reordering
+    a field never silently shifts a caller's positional arguments."""
+    import dataclasses
+
+    positional = []
+    for module in _modules():
+        for name, obj in vars(importlib.import_module(module)).items():
+            if not (inspect.isclass(obj) and dataclasses.is_dataclass(obj)):
+                continue
+            if obj.__module__ != module or f"{module}.{name}" in SIGNATURE_OF_THE_ORIGINAL:
+                continue
+            fields = [f for f in dataclasses.fields(obj) if f.init]
+            if len(fields) > 5 and any(not f.kw_only for f in fields):
+                positional.append(f"{module}.{name} ({len(fields)} fields)")
+    assert positional == []
+
+
 def test_a_tutorial_quantizer_ports_with_one_import_line():
     """torchao's quantizer package re-exports the specs beside Quantizer; so does qviz's."""
     from qviz.engine import quantizers, specs

@@ -44,12 +44,13 @@ def quantize_digits(
     """
     import qviz
     from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+    from qviz.numeric.variants.variants import prepare_variant
 
     calib = [images for images, _ in loaders.calibration]
     exported = qviz.export(model, (calib[0],), dynamic_batch=True)  # the short last batch too
     config = get_symmetric_quantization_config(is_per_channel=per_channel, switchable=switchable)
-    prepared = qviz.prepare_pt2e(exported, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, calib, progress=False)
+    quantizer = XNNPACKQuantizer().set_global(config)
+    prepared = prepare_variant(exported, quantizer, calib, where="quantize_digits")
     return exported, prepared, qviz.convert_pt2e(prepared)
 
 

@@ -20,11 +20,13 @@ view, and rewrites its keys with :func:`with_specs`, which keeps the object's ow
 Example:
     >>> import torch
     >>> from qviz.engine.observers import MinMaxObserver
-    >>> act = QuantizationSpec(torch.int8, MinMaxObserver, quant_min=-128, quant_max=127,
+    >>> act = QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=MinMaxObserver,
+    ...     quant_min=-128, quant_max=127,
     ...                        qscheme=torch.per_tensor_affine)
     >>> act.is_per_channel, act.is_symmetric
     (False, False)
-    >>> QuantizationSpec(torch.int8, MinMaxObserver, quant_min=5, quant_max=1)
+    >>> QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=MinMaxObserver, quant_min=5,
+    ...     quant_max=1)
     Traceback (most recent call last):
     ...
     qviz.errors.ConfigError: QuantizationSpec: quant_min 5 must be <= quant_max 1

@@ -7,9 +7,10 @@ share one observer read as one colour at a glance.
 
 Example:
     >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-    >>> view = GraphView("observed", (ViewNode("a", "input", "input a"),
-    ...     ViewNode("obs/a", "marker", "g0", group=0), ViewNode("b", "op", "relu", "relu")),
-    ...     (ViewEdge("a", "obs/a"), ViewEdge("obs/a", "b")))
+    >>> view = GraphView(stage="observed", nodes=(ViewNode(name="a", kind="input", label="input a"),
+    ...     ViewNode(name="obs/a", kind="marker", label="g0", group=0), ViewNode(name="b",
+    ...     kind="op", label="relu", detail="relu")),
+    ...     edges=(ViewEdge("a", "obs/a"), ViewEdge("obs/a", "b")))
     >>> 'label=g0' in to_digraph(view).source
     True
 """

@@ -23,7 +23,7 @@ from torch.fx import GraphModule, Node
 from qviz.display.bands import Bands
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ViewNode:
     """One box to draw.
 
@@ -72,7 +72,7 @@ class ViewEdge:
     style: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GraphView:
     """What to draw: the stage, the boxes, the arrows, and the type of each module path.
 
@@ -127,14 +127,18 @@ def base_node(node: Node, kind: str, tooltip: str = "") -> ViewNode:
     """The box of ``node``: an input, the output, a parameter, or an op of ``kind``."""
     module, _ = module_of(node)
     if node.op == "placeholder":
-        return ViewNode(node.name, "input", f"input {node.name}")
+        return ViewNode(name=node.name, kind="input", label=f"input {node.name}")
     if node.op == "output":
-        return ViewNode(node.name, "output", "output")
+        return ViewNode(name=node.name, kind="output", label="output")
     if node.op == "get_attr":
-        return ViewNode(node.name, "param", str(node.target), tooltip=tooltip, module=module)
+        return ViewNode(
+            name=node.name, kind="param", label=str(node.target), tooltip=tooltip, module=module
+        )
     label = op_name(node)
     detail = node.name if node.name != label else ""
-    return ViewNode(node.name, kind, label, detail, module, tooltip=tooltip)
+    return ViewNode(
+        name=node.name, kind=kind, label=label, detail=detail, module=module, tooltip=tooltip
+    )
 
 
 def source_of(node: Node, observers: set[str]) -> Node:

@@ -8,10 +8,11 @@ classes of its members), and says how many of its ops were left in float.
 
 Example:
     >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-    >>> view = GraphView("float", (
-    ...     ViewNode("a", "op", "conv2d", module="block.conv"),
-    ...     ViewNode("b", "op", "relu", module="block.relu"),
-    ...     ViewNode("c", "output", "output")), (ViewEdge("a", "b"), ViewEdge("b", "c")))
+    >>> view = GraphView(stage="float", nodes=(
+    ...     ViewNode(name="a", kind="op", label="conv2d", module="block.conv"),
+    ...     ViewNode(name="b", kind="op", label="relu", module="block.relu"),
+    ...     ViewNode(name="c", kind="output", label="output")), edges=(ViewEdge("a",
+    ...     "b"), ViewEdge("b", "c")))
     >>> small = collapse(view, 1)
     >>> [(n.name, n.count) for n in small.nodes], [(e.src, e.dst) for e in small.edges]
     ([('module/block', 2), ('c', 1)], [('module/block', 'c')])
@@ -121,7 +122,9 @@ def collapse(
         if name not in nodes:
             path = name.removeprefix("module/")
             parent = path.rpartition(".")[0]
-            nodes[name] = ViewNode(name, "collapsed", path, types.get(path, ""), parent)
+            nodes[name] = ViewNode(
+                name=name, kind="collapsed", label=path, detail=types.get(path, ""), module=parent
+            )
     for name, inside in members.items():
         if any(n.kind != "marker" for n in inside):
             nodes[name] = _box(nodes[name], inside, view.higher_is_better)

@@ -79,7 +79,7 @@ class QuantGrid:
     quant_max: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HistogramData:
     """Everything a histogram view draws, read from one calibrator or observer.
 
@@ -295,7 +295,15 @@ def _calibrator_source(
     grid = QuantGrid(first["scale"], 0, 0 if unsigned else -qmax, qmax)
     axis = f" channel {channel}" if calib.axis is not None else ""
     head = f"{title}{axis}: |x| of {calib.num_elements:,} values, {bits}-bit"
-    return HistogramData(head, weights, edges, False, tuple(lines), tuple(rows), grid)
+    return HistogramData(
+        title=head,
+        counts=weights,
+        edges=edges,
+        signed=False,
+        lines=tuple(lines),
+        rows=tuple(rows),
+        grid=grid,
+    )
 
 
 def _row(method, amax, low, high, scale, zero_point, clipped, sqnr_db, *, current):
@@ -394,7 +402,16 @@ def _order_free_source(obs: OrderFreeHistogramObserver, methods: tuple[str, ...]
         f"[{lo:.4g}, {hi:.4g}], bins over ±{float(obs.hist_range):.4g}"
     )
     grid = QuantGrid(scale, zp, qmin, qmax)
-    return HistogramData(head, weights, edges, True, tuple(lines), tuple(rows), grid, note)
+    return HistogramData(
+        title=head,
+        counts=weights,
+        edges=edges,
+        signed=True,
+        lines=tuple(lines),
+        rows=tuple(rows),
+        grid=grid,
+        note=note,
+    )
 
 
 def _observer_finish(obs, calib, rows, lines, missing) -> HistogramData:
@@ -423,7 +440,16 @@ def _observer_finish(obs, calib, rows, lines, missing) -> HistogramData:
     dtype = str(obs.dtype).removeprefix("torch.")
     head = f"HistogramObserver {dtype} [{obs.quant_min}, {obs.quant_max}]: {what}"
     grid = QuantGrid(own["scale"], own["zero_point"], obs.quant_min, obs.quant_max)
-    return HistogramData(head, counts, edges, signed, tuple(lines), tuple(rows), grid, note)
+    return HistogramData(
+        title=head,
+        counts=counts,
+        edges=edges,
+        signed=signed,
+        lines=tuple(lines),
+        rows=tuple(rows),
+        grid=grid,
+        note=note,
+    )
 
 
 def _render(src: HistogramData, *, log: bool) -> Any:

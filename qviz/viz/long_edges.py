@@ -16,9 +16,9 @@ shortens edges, so the estimate is an upper bound of dot's virtual node count.
 
 Example:
     >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-    >>> chain = [ViewNode(f"n{i}", "op", "relu") for i in range(8)]
+    >>> chain = [ViewNode(name=f"n{i}", kind="op", label="relu") for i in range(8)]
     >>> edges = [ViewEdge(f"n{i}", f"n{i + 1}") for i in range(7)] + [ViewEdge("n0", "n7")]
-    >>> view = GraphView("float", tuple(chain), tuple(edges))
+    >>> view = GraphView(stage="float", nodes=tuple(chain), edges=tuple(edges))
     >>> virtual_nodes(view)
     6
     >>> folded = fold_long_edges(view, budget=0, min_span=2)
@@ -59,8 +59,10 @@ def ranks(view: GraphView) -> dict[str, int]:
 
     Example:
         >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-        >>> v = GraphView("float", tuple(ViewNode(x, "op", x) for x in "abcw"),
-        ...     (ViewEdge("a", "b"), ViewEdge("b", "c"), ViewEdge("a", "c"), ViewEdge("w", "c")))
+        >>> v = GraphView(stage="float", nodes=tuple(ViewNode(name=x, kind="op",
+        ...     label=x) for x in "abcw"),
+        ...     edges=(ViewEdge("a", "b"), ViewEdge("b", "c"), ViewEdge("a", "c"), ViewEdge("w",
+        ...     "c")))
         >>> ranks(v)
         {'a': 0, 'b': 1, 'c': 2, 'w': 1}
     """
@@ -148,7 +150,12 @@ def _ref_node(dst: ViewNode, sources: list[ViewNode], folded: list[ViewEdge]) ->
     ]
     refs = tuple(f"{_producer(src)} -> {dst.name}" for src in sources)
     return ViewNode(
-        f"ref/{dst.name}", "ref", label, module=dst.module, tooltip="\\n".join(tip), refs=refs
+        name=f"ref/{dst.name}",
+        kind="ref",
+        label=label,
+        module=dst.module,
+        tooltip="\\n".join(tip),
+        refs=refs,
     )
 
 

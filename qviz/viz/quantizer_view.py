@@ -103,7 +103,14 @@ def _markers(records: tuple[QuantizerRecord, ...]) -> tuple[dict[str, ViewNode],
             group = _ROLE_GROUP.get(record.role, 0)
             refs = (record.name,)
             markers[name] = ViewNode(
-                name, "marker", label, detail, record.layer, group, tooltip, refs
+                name=name,
+                kind="marker",
+                label=label,
+                detail=detail,
+                module=record.layer,
+                group=group,
+                tooltip=tooltip,
+                refs=refs,
             )
             outputs[call.output] = name
     return markers, outputs
@@ -162,5 +169,7 @@ def quantizer_view(
         if c in nodes and (p in nodes or p in outputs):
             edges[(outputs.get(p, p), c)] = None
     return GraphView(
-        STAGE, (*nodes.values(), *markers.values()), tuple(ViewEdge(a, b) for a, b in edges)
+        stage=STAGE,
+        nodes=(*nodes.values(), *markers.values()),
+        edges=tuple(ViewEdge(a, b) for a, b in edges),
     )

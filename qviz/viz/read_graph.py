@@ -146,14 +146,14 @@ def _marker(
         via = f" via {rec.via}" if rec.via is not None and rec.how != "own spec" else ""
         lines.append(f"  {rec.tensor} [{rec.how}{via}]")
     return ViewNode(
-        name,
-        "marker",
-        f"g{group.group}",
-        detail,
-        module,
-        group.group,
-        "\\n".join(lines),
-        tuple(str(r.tensor) for r in recs),
+        name=name,
+        kind="marker",
+        label=f"g{group.group}",
+        detail=detail,
+        module=module,
+        group=group.group,
+        tooltip="\\n".join(lines),
+        refs=tuple(str(r.tensor) for r in recs),
     )
 
 
@@ -201,7 +201,7 @@ def _place_markers(
         out_edges.extend(ViewEdge(a, b) for a, b in pairwise(chain))
     everything = {**nodes, **markers}
     unique = tuple(dict.fromkeys(out_edges))
-    return GraphView("observed", tuple(everything.values()), unique)
+    return GraphView(stage="observed", nodes=tuple(everything.values()), edges=unique)
 
 
 def _qdq_group(node: Node, plan: QuantPlan | None) -> GroupRecord | None:
@@ -269,7 +269,15 @@ def _qdq_node(gm: GraphModule, node: Node, plan: QuantPlan | None) -> ViewNode:
     users = list(node.users)
     near = users[0] if kind == "dequantize" and len(users) == 1 else src
     module = module_of(near)[0] if isinstance(near, Node) else ""
-    return ViewNode(node.name, kind, label, detail, module, group.group if group else None, tooltip)
+    return ViewNode(
+        name=node.name,
+        kind=kind,
+        label=label,
+        detail=detail,
+        module=module,
+        group=group.group if group else None,
+        tooltip=tooltip,
+    )
 
 
 def _converted(gm: GraphModule, plan: QuantPlan | None, show_params: bool) -> GraphView:
@@ -287,7 +295,7 @@ def _converted(gm: GraphModule, plan: QuantPlan | None, show_params: bool) -> Gr
     edges = [
         ViewEdge(p, c) for p, c in graph_edges(gm, set(nodes), set()) if p in nodes and c in nodes
     ]
-    return GraphView("converted", tuple(nodes.values()), tuple(edges))
+    return GraphView(stage="converted", nodes=tuple(nodes.values()), edges=tuple(edges))
 
 
 def _float(gm: GraphModule, show_params: bool) -> GraphView:
@@ -297,7 +305,7 @@ def _float(gm: GraphModule, show_params: bool) -> GraphView:
         if not hidden(n, show_params, set())
     }
     edges = [ViewEdge(p, c) for p, c in graph_edges(gm, set(nodes), set()) if p in nodes]
-    return GraphView("float", tuple(nodes.values()), tuple(edges))
+    return GraphView(stage="float", nodes=tuple(nodes.values()), edges=tuple(edges))
 
 
 _SCHEMES = {"affine": "aff", "symmetric": "sym"}
@@ -307,11 +315,13 @@ def spec_text(spec: SpecSummary) -> tuple[str, str]:
     """A spec as a short edge label and as full tooltip text.
 
     Example:
-        >>> spec_text(SpecSummary("observed", "int8", -127, 127, "per_channel_symmetric", 0))[0]
+        >>> spec_text(SpecSummary(kind="observed", dtype="int8", quant_min=-127, quant_max=127,
+        ...     qscheme="per_channel_symmetric", ch_axis=0))[0]
         'int8 [-127,127] sym/ch0'
-        >>> spec_text(SpecSummary("fixed", "int8", -128, 127, scale=1 / 256, zero_point=-128))[0]
+        >>> spec_text(SpecSummary(kind="fixed", dtype="int8", quant_min=-128, quant_max=127,
+        ...     scale=1 / 256, zero_point=-128))[0]
         'fixed s=0.0039 zp=-128'
-        >>> spec_text(SpecSummary("shared", shared_with=TensorRef("x", "add")))[0]
+        >>> spec_text(SpecSummary(kind="shared", shared_with=TensorRef("x", "add")))[0]
         'shares (x -> add)'
     """
     if spec.kind == "shared":
@@ -362,7 +372,14 @@ def _annotated_node(node: Node, ann: QuantizationAnnotation | None) -> ViewNode:
         detail.append(f"out {short}")
         lines.append(f"output: {full}")
     tip = "\\n".join(lines)
-    return ViewNode(node.name, "op", base.label, "\\n".join(detail), base.module, tooltip=tip)
+    return ViewNode(
+        name=node.name,
+        kind="op",
+        label=base.label,
+        detail="\\n".join(detail),
+        module=base.module,
+        tooltip=tip,
+    )
 
 
 def _annotated_edge(arg: Node, node: Node, ann: QuantizationAnnotation | None) -> ViewEdge:
@@ -405,7 +422,7 @@ def annotated_view(model: GraphModule, show_params: bool = False) -> GraphView:
                 edges.append(_annotated_edge(arg, node, ann))
     order = {n.name: i for i, n in enumerate(model.graph.nodes)}
     ordered = tuple(sorted(nodes.values(), key=lambda v: order[v.name]))
-    return GraphView("annotated", ordered, tuple(edges))
+    return GraphView(stage="annotated", nodes=ordered, edges=tuple(edges))
 
 
 def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
@@ -422,4 +439,6 @@ def read_graph(model: GraphModule, *, show_params: bool = False) -> GraphView:
         view = quantizer_view(model, show_params=show_params)
     else:
         view = _float(model, show_params)
-    return GraphView(view.stage, view.nodes, view.edges, module_types(model))
+    return GraphView(
+        stage=view.stage, nodes=view.nodes, edges=view.edges, module_types=module_types(model)
+    )

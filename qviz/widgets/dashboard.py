@@ -47,11 +47,12 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine.graph.fingerprint import check_fingerprint, check_lineage
-from qviz.engine.graph.inputs import bind_batch, checked_batches, measured_batches
+from qviz.engine.graph.inputs import bind_batch
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.errors import ConfigError, QvizError, closest_names
 from qviz.numeric.compare.compare import float_graph_of
 from qviz.numeric.compare.detail import LayerDetail, layer_detail
+from qviz.numeric.variants.variants import quantize_variant, variant_batches
 from qviz.widgets.dashboard_repair import CAUSE_COLUMN, apply_remedy, undo_remedy
 from qviz.widgets.dashboard_table import (
     COLOR_COLUMNS,
@@ -66,7 +67,7 @@ from qviz.widgets.dashboard_view import DashboardView
 from qviz.widgets.view_owner import ViewOwner
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DashboardState:
     """What the dashboard shows: sort order, chosen layer, layers in float, heatmap, runs;
     ``builds`` identifies the repair session's current model (one id per applied remedy)."""
@@ -166,14 +167,12 @@ class NumericDashboard(ViewOwner):
         self.session, self._builds = session, 0
         self.error: str | None = None
         self.quantizer, self.metric = quantizer, metric
-        self._batches = [] if data is None else measured_batches(data, "NumericDashboard(data=...)")
-        self._calibration = self._batches
-        if calibration_data is not None:
-            where = "NumericDashboard(calibration_data=...)"
-            self._calibration = measured_batches(calibration_data, where)
-        self._sample = self._sample_inputs(
-            quantized_model if quantized_model is not None else float_model
-        )
+        model = quantized_model if quantized_model is not None else float_model
+        self._batches, self._calibration = variant_batches(
+            [] if data is None else data, calibration_data, model, "NumericDashboard",
+            allow_empty=data is None,
+        )  # fmt: skip
+        self._sample = self._sample_inputs(model)
         self.float_model = (
             float_graph_of(float_model, self._sample)
             if float_model is not None and self._sample is not None
@@ -237,14 +236,12 @@ class NumericDashboard(ViewOwner):
         where = "NumericDashboard.from_models"
         check_stage(quantized_model, Stage.CONVERTED, where=where, arg="quantized_model")
         check_stage(float_model, Stage.FLOAT, where=where, arg="float_model")
-        batches = checked_batches(data, quantized_model, where)
-        if not batches:
-            raise ConfigError(f"{where} needs at least one batch of data")
+        batches, calibration = variant_batches(data, calibration_data, quantized_model, where)
         fgm = float_graph_of(float_model, bind_batch(quantized_model, batches[0], where).args)
         report = compare(fgm, quantized_model, batches, metric=metric, progress=progress)
         return cls(
             report, quantized_model=quantized_model, float_model=fgm, data=batches,
-            quantizer=quantizer, calibration_data=calibration_data, metric=metric, graph=graph,
+            quantizer=quantizer, calibration_data=calibration, metric=metric, graph=graph,
             lowered=lowered, lowering=lowering,
         )  # fmt: skip
 
@@ -457,7 +454,6 @@ class NumericDashboard(ViewOwner):
         self._set(fallback=fallen, selected=node, history=(*self.state.history, run))
 
     def _run(self, fallen: tuple[str, ...]) -> tuple[GraphModule, Any]:
-        import qviz
         from qviz.numeric import compare, fallback
 
         quantizer = fallback(self.quantizer, list(fallen)) if fallen else self.quantizer
@@ -469,9 +465,8 @@ class NumericDashboard(ViewOwner):
                 done[0] += 1
                 self.view.on_batch(done[0], total)
 
-        prepared = qviz.prepare_pt2e(self.float_model, quantizer)
-        qviz.calibrate(prepared, counted(self._calibration), progress=False)
-        quantized = qviz.convert_pt2e(prepared)
+        quantized = quantize_variant(self.float_model, quantizer, counted(self._calibration),
+                                     where="NumericDashboard.fallback")  # fmt: skip
         batches = counted(self._batches)
         report = compare(self.float_model, quantized, batches, metric=self.metric, progress=False)
         return quantized, report

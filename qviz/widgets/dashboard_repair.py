@@ -8,9 +8,11 @@ model before the remedy again without recomputing it.
 Example:
     >>> from qviz.numeric.diagnose.rules import Cause, Prescription
     >>> from qviz.numeric.diagnose.diagnose import Finding
-    >>> f = Finding("conv2d", "aten.conv2d.default", Cause.ROUNDING, (("local_sqnr", 12.5),),
-    ...             Prescription("learn the rounding", "qviz.engine.repair.adaround"), 12.5,
-    ...             "local_sqnr", 12.5)
+    >>> f = Finding(node="conv2d", op="aten.conv2d.default", cause=Cause.ROUNDING,
+    ...     evidence=(("local_sqnr", 12.5),),
+    ...             prescription=Prescription("learn the rounding",
+    ...     "qviz.engine.repair.adaround"), sqnr=12.5,
+    ...             figure="local_sqnr", severity=12.5)
     >>> "learn the rounding" in finding_html("conv2d", f, None)
     True
 """

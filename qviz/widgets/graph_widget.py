@@ -109,9 +109,10 @@ def edge_refs(qgraph: QGraph) -> dict[str, str]:
 
     Example:
         >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-        >>> view = GraphView("observed", (ViewNode("a", "op", "a"),
-        ...     ViewNode("obs/a", "marker", "g0"), ViewNode("b", "op", "b")),
-        ...     (ViewEdge("a", "obs/a"), ViewEdge("obs/a", "b")))
+        >>> view = GraphView(stage="observed", nodes=(ViewNode(name="a", kind="op", label="a"),
+        ...     ViewNode(name="obs/a", kind="marker", label="g0"), ViewNode(name="b", kind="op",
+        ...     label="b")),
+        ...     edges=(ViewEdge("a", "obs/a"), ViewEdge("obs/a", "b")))
         >>> edge_refs(QGraph(view, None))
         {'a->obs/a': 'a -> b', 'obs/a->b': 'a -> b'}
     """

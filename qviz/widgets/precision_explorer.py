@@ -21,9 +21,12 @@ Example:
     >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(2, 4),))
     >>> front = (FrontPoint(1.0, 30.0, ("w4a8",)), FrontPoint(2.0, 45.0, ("w8a8",)))
     >>> result = PrecisionResult(
-    ...     "output_sqnr", 40.0, None, "KiB", (Unit("linear", ("linear",), (), (), 8),),
-    ...     (("linear", "linear", "", "linear"),), ("w8a8",), (), front,
-    ...     (Evaluation(1, 2.0, 45.5, None, True),), 1,
+    ...     target="output_sqnr", limit=40.0, float_metric=None, cost_unit="KiB",
+    ...     units=(Unit("linear", ("linear",), (), (), 8),),
+    ...     layers=(("linear", "linear", "",
+    ...     "linear"),), reference=("w8a8",), screened=(), front=front,
+    ...     evaluations=(Evaluation(point=1, cost=2.0, output_sqnr=45.5, metric=None,
+    ...     meets=True),), chosen=1,
     ...     base=XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
     >>> explorer = PrecisionExplorer(result, gm, graph=False)
     >>> explorer.selected, explorer.select(0).selected
@@ -107,8 +110,10 @@ class PrecisionExplorer(ViewOwner):
         Example:
             >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
             >>> import torch, qviz
-            >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-            ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())), (), None)
+            >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+            ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+            ...     front=(FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0,
+            ...     ())), evaluations=(), chosen=None)
             >>> ex = PrecisionExplorer(r, qviz.export(torch.nn.ReLU(), (torch.randn(2),)),
             ...                        graph=False)
             >>> ex.select(-2).selected, ex.select(7).selected, ex.error
@@ -130,8 +135,9 @@ class PrecisionExplorer(ViewOwner):
         Example:
             >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
             >>> import torch, qviz
-            >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-            ...     (FrontPoint(1.0, 30.0, ()),), (), None)
+            >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+            ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+            ...     front=(FrontPoint(1.0, 30.0, ()),), evaluations=(), chosen=None)
             >>> ex = PrecisionExplorer(r, qviz.export(torch.nn.ReLU(), (torch.randn(2),)),
             ...                        graph=False)
             >>> type(ex.use()).__name__, ex.point
@@ -150,9 +156,11 @@ class PrecisionExplorer(ViewOwner):
         Example:
             >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
             >>> import torch, qviz
-            >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-            ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())),
-            ...     (Evaluation(1, 2.0, 44.0, None, True),), 1)
+            >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+            ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+            ...     front=(FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())),
+            ...     evaluations=(Evaluation(point=1, cost=2.0, output_sqnr=44.0, metric=None,
+            ...     meets=True),), chosen=1)
             >>> ex = PrecisionExplorer(r, qviz.export(torch.nn.ReLU(), (torch.randn(2),)),
             ...                        graph=False)
             >>> ex.evaluation.output_sqnr, ex.select(0).evaluation
@@ -166,8 +174,9 @@ class PrecisionExplorer(ViewOwner):
         Example:
             >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
             >>> import torch, qviz
-            >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-            ...     (FrontPoint(1.0, 30.0, ()),), (), None)
+            >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+            ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+            ...     front=(FrontPoint(1.0, 30.0, ()),), evaluations=(), chosen=None)
             >>> ex = PrecisionExplorer(r, qviz.export(torch.nn.ReLU(), (torch.randn(2),)),
             ...                        graph=False)
             >>> len(ex.table())   # a result built by hand has no layers

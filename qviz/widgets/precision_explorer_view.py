@@ -6,8 +6,10 @@ built once and refreshed from the explorer's state (the controls only call its P
 Example:
     >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
     >>> front = (FrontPoint(1.0, 28.0, ("w4a8",)), FrontPoint(2.0, 41.0, ("w8a8",)))
-    >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), ("w8a8",), (), front,
-    ...                     (Evaluation(1, 2.0, 40.5, None, True),), 1)
+    >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None, cost_unit="KiB",
+    ...     units=(), layers=(), reference=("w8a8",), screened=(), front=front,
+    ...                     evaluations=(Evaluation(point=1, cost=2.0, output_sqnr=40.5,
+    ...     metric=None, meets=True),), chosen=1)
     >>> point_labels(r)
     ['point 0: cost 1 KiB, estimate 28', 'point 1: cost 2 KiB, estimate 41 (chosen)']
     >>> plot_svg(r, 0).count('id="qviz-point-')
@@ -73,8 +75,10 @@ def plot_svg(result: Any, selected: int | None) -> str:
 
     Example:
         >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
-        >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-        ...                     (FrontPoint(1.0, 28.0, ("w4a8",)),), (), None)
+        >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+        ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+        ...                     front=(FrontPoint(1.0, 28.0,
+        ...     ("w4a8",)),), evaluations=(), chosen=None)
         >>> svg = plot_svg(r, 0)
         >>> svg.startswith("<svg"), 'id="qviz-point-0"' in svg
         (True, True)
@@ -134,8 +138,10 @@ def point_html(result: Any, point: int) -> str:
 
     Example:
         >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
-        >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-        ...                     (FrontPoint(1.0, 28.0, ("w4a8",)),), (), None)
+        >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+        ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+        ...                     front=(FrontPoint(1.0, 28.0,
+        ...     ("w4a8",)),), evaluations=(), chosen=None)
         >>> "not evaluated" in point_html(r, 0)
         True
     """
@@ -243,8 +249,10 @@ class PrecisionExplorerView:
         >>> import torch, qviz
         >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
         >>> from qviz.widgets.precision_explorer import PrecisionExplorer
-        >>> r = PrecisionResult("output_sqnr", 40.0, None, "KiB", (), (), (), (),
-        ...     (FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0, ())), (), None)
+        >>> r = PrecisionResult(target="output_sqnr", limit=40.0, float_metric=None,
+        ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(),
+        ...     front=(FrontPoint(1.0, 30.0, ()), FrontPoint(2.0, 45.0,
+        ...     ())), evaluations=(), chosen=None)
         >>> gm = qviz.export(torch.nn.ReLU(), (torch.randn(2),))
         >>> view = PrecisionExplorer(r, gm, graph=False).view
         >>> view.plot.picked = {"index": 0, "n": 1}   # a click on point 0

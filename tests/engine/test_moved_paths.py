@@ -97,7 +97,13 @@ def test_prepared_and_qat_state_dicts_saved_before_the_move_load(saved):
         XNNPACKQuantizer().set_global(get_symmetric_quantization_config()),
     )
     prepared.load_state_dict(saved["prepared_state"])
-    assert torch.equal(prepared(x), saved["prepared_out"])
+    names = prepared.meta.get(LEGACY_KEY)
+    for key, value in prepared.state_dict().items():
+        old = names.old_key(key) if names is not None else None
+        assert torch.equal(value, saved["prepared_state"][old or key]), key
+    # the observers pass their inputs through: the float forward, whose last bits depend on the
+    # CPU's kernels (the fixture was written on another machine), so equal within float rounding
+    torch.testing.assert_close(prepared(x), saved["prepared_out"])
     assert qviz.convert_pt2e(prepared)(x).shape == saved["prepared_out"].shape
 
     qat = qviz.prepare_qat_pt2e(

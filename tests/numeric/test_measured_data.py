@@ -131,7 +131,18 @@ def test_a_repair_step_that_moved_nothing_says_no_gain():
     from qviz.numeric.repair.session import RepairStep
 
     def step(before: float, after: float) -> RepairStep:
-        return RepairStep("per_channel", (), (), (), (), before, after, None, None, 0.1)
+        return RepairStep(
+            remedy="per_channel",
+            arguments=(),
+            scope=(),
+            transforms=(),
+            layers=(),
+            output_sqnr_before=before,
+            output_sqnr_after=after,
+            metric_before=None,
+            metric_after=None,
+            seconds=0.1,
+        )
 
     assert repr(step(10.77, 10.77)) == (
         "RepairStep(per_channel: no gain (output SQNR 10.77 dB, unchanged within 0.05 dB))"

@@ -433,9 +433,12 @@ def test_int16_activations_of_a_bfloat16_model_are_labelled_with_both_dtypes():
     from qviz.engine.specs import QuantizationSpec
 
     act = QuantizationSpec(
-        torch.int16, MinMaxObserver.with_args(dtype=torch.int16), -32768, 32767,
-        torch.per_tensor_affine,
-    )  # fmt: skip
+        dtype=torch.int16,
+        observer_or_fake_quant_ctr=MinMaxObserver.with_args(dtype=torch.int16),
+        quant_min=-32768,
+        quant_max=32767,
+        qscheme=torch.per_tensor_affine,
+    )
 
     def annotate(node):
         if node.target == aten.conv2d.default:

@@ -51,16 +51,20 @@ def _pairs(view: GraphView) -> set[tuple[str, str]]:
 
 
 def _chain_with_skip(n: int) -> GraphView:
-    nodes = tuple(ViewNode(f"n{i}", "op", "relu", module=f"m.{i // 4}") for i in range(n))
+    nodes = tuple(
+        ViewNode(name=f"n{i}", kind="op", label="relu", module=f"m.{i // 4}") for i in range(n)
+    )
     edges = [ViewEdge(f"n{i}", f"n{i + 1}") for i in range(n - 1)]
-    return GraphView("float", nodes, (*edges, ViewEdge("n0", f"n{n - 1}", "int8", "tip")))
+    return GraphView(
+        stage="float", nodes=nodes, edges=(*edges, ViewEdge("n0", f"n{n - 1}", "int8", "tip"))
+    )
 
 
 def test_ranks_are_longest_paths_with_sources_pulled_down_to_their_consumer():
     view = GraphView(
-        "float",
-        tuple(ViewNode(x, "op", x) for x in ("x", "a", "b", "c", "w")),
-        (ViewEdge("x", "a"), ViewEdge("a", "b"), ViewEdge("b", "c"), ViewEdge("x", "c"),
+        stage="float",
+        nodes=tuple(ViewNode(name=x, kind="op", label=x) for x in ("x", "a", "b", "c", "w")),
+        edges=(ViewEdge("x", "a"), ViewEdge("a", "b"), ViewEdge("b", "c"), ViewEdge("x", "c"),
          ViewEdge("w", "c")),
     )  # fmt: skip
     assert ranks(view) == {"x": 0, "a": 1, "b": 2, "c": 3, "w": 2}
@@ -70,15 +74,15 @@ def test_ranks_are_longest_paths_with_sources_pulled_down_to_their_consumer():
 def test_a_node_drawn_in_its_consumers_cluster_is_ranked_just_above_the_consumer():
     # a converted graph's dequantize carries the module of the op it feeds, so dot draws it in
     # that op's cluster, far from the quantize it reads: the long edge is quantize -> dequantize
-    chain = [ViewNode(f"op{i}", "op", "relu", module="body") for i in range(5)]
-    q = ViewNode("q", "quantize", "quantize", module="stem")
-    dq = ViewNode("dq", "dequantize", "dequantize", module="head")
-    cat = ViewNode("cat", "op", "cat", module="head")
+    chain = [ViewNode(name=f"op{i}", kind="op", label="relu", module="body") for i in range(5)]
+    q = ViewNode(name="q", kind="quantize", label="quantize", module="stem")
+    dq = ViewNode(name="dq", kind="dequantize", label="dequantize", module="head")
+    cat = ViewNode(name="cat", kind="op", label="cat", module="head")
     edges = [ViewEdge("q", "op0"), *(ViewEdge(f"op{i}", f"op{i + 1}") for i in range(4))]
     view = GraphView(
-        "converted",
-        (q, *chain, dq, cat),
-        (*edges, ViewEdge("q", "dq"), ViewEdge("dq", "cat"), ViewEdge("op4", "cat")),
+        stage="converted",
+        nodes=(q, *chain, dq, cat),
+        edges=(*edges, ViewEdge("q", "dq"), ViewEdge("dq", "cat"), ViewEdge("op4", "cat")),
     )
     rank = ranks(view)
     assert (rank["q"], rank["dq"], rank["cat"]) == (0, 5, 6)

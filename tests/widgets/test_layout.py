@@ -33,7 +33,15 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 def _detail() -> LayerDetail:
     x = np.linspace(-1, 1, 200, dtype=np.float32)
-    return LayerDetail("conv2d", 35.0, 200, x, x + 0.01, np.ones(4), np.linspace(0, 0.02, 5))
+    return LayerDetail(
+        node="conv2d",
+        sqnr=35.0,
+        numel=200,
+        float_values=x,
+        quantized_values=x + 0.01,
+        error_counts=np.ones(4),
+        error_edges=np.linspace(0, 0.02, 5),
+    )
 
 
 def test_split_gives_both_panes_a_flex_share_of_the_cell():

@@ -12,8 +12,8 @@ Example:
     >>> import torch
     >>> from qviz.engine.backend_config.dtypes import DTypeConfig, DTypeWithConstraints
     >>> from qviz.engine.backend_config.observers import ObserverFacts
-    >>> act = ObserverFacts("HistogramObserver", torch.quint8, 0, 255, eps=2**-23)
-    >>> bounded = DTypeWithConstraints(torch.quint8, 0, 255, scale_min_lower_bound=2**-12)
+    >>> act = ObserverFacts(observer="HistogramObserver", dtype=torch.quint8, quant_min=0, quant_max=255, eps=2**-23)
+    >>> bounded = DTypeWithConstraints(dtype=torch.quint8, quant_min_lower_bound=0, quant_max_upper_bound=255, scale_min_lower_bound=2**-12)
     >>> dtype_config_problem(DTypeConfig(bounded, bounded), act, None, has_weight=False)
     "the qconfig's activation eps=1.19e-07 is below the backend's scale_min_lower_bound=0.000244 for quint8 (its smallest scale would be smaller than the backend accepts)"
 """  # noqa: E501
@@ -119,19 +119,25 @@ def spec_facts(spec: Any) -> ObserverFacts | None:
         return None
     if hasattr(spec, "scale") and hasattr(spec, "zero_point"):
         return ObserverFacts(
-            "FixedQParamsObserver", spec.dtype, spec.quant_min, spec.quant_max,
-            scale=float(spec.scale), zero_point=int(spec.zero_point),
-        )  # fmt: skip
+            observer="FixedQParamsObserver",
+            dtype=spec.dtype,
+            quant_min=spec.quant_min,
+            quant_max=spec.quant_max,
+            scale=float(spec.scale),
+            zero_point=int(spec.zero_point),
+        )
     from qviz.engine.pt2e.prepare import observer_from_spec
 
     obs = observer_from_spec(spec, {})
     eps = getattr(obs, "eps", None)
     return ObserverFacts(
-        type(obs).__name__, spec.dtype, getattr(obs, "quant_min", spec.quant_min),
-        getattr(obs, "quant_max", spec.quant_max),
+        observer=type(obs).__name__,
+        dtype=spec.dtype,
+        quant_min=getattr(obs, "quant_min", spec.quant_min),
+        quant_max=getattr(obs, "quant_max", spec.quant_max),
         eps=float(eps) if isinstance(eps, torch.Tensor) else None,
         is_dynamic=bool(spec.is_dynamic),
-    )  # fmt: skip
+    )
 
 
 #: ATen operator name prefixes of the weighted layers (a weight input; chains like conv-bn-relu)

@@ -10,7 +10,7 @@ The vocabulary of PyTorch's BackendConfig, with the same names and arguments:
 
 Example:
     >>> import torch
-    >>> act = DTypeWithConstraints(torch.quint8, quant_min_lower_bound=0,
+    >>> act = DTypeWithConstraints(dtype=torch.quint8, quant_min_lower_bound=0,
     ...                            quant_max_upper_bound=255, scale_min_lower_bound=2**-12)
     >>> config = DTypeConfig(input_dtype=act, output_dtype=act, weight_dtype=torch.qint8,
     ...                      bias_dtype=torch.float)
@@ -118,7 +118,8 @@ class DTypeWithConstraints:
             (sigmoid, tanh); the observer must be a fixed-qparams observer with these values.
 
     Example:
-        >>> DTypeWithConstraints(torch.qint8, quant_min_lower_bound=-127).quant_min_lower_bound
+        >>> DTypeWithConstraints(dtype=torch.qint8,
+        ...     quant_min_lower_bound=-127).quant_min_lower_bound
         -127
     """
 

@@ -33,7 +33,7 @@ from qviz.errors import ConfigError
 _NOT_OBSERVING = ("NoopObserver", "ReuseInputObserver")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ObserverFacts:
     """What a QConfig's observer will do, as a backend's constraints need it."""
 
@@ -143,7 +143,12 @@ def _observer_spec(
             **{**vars(facts), "scale": float(scale), "zero_point": int(zero_point)}
         )
         spec = FixedQParamsQuantizationSpec(
-            dtype, float(scale), int(zero_point), facts.quant_min, facts.quant_max, obs.qscheme
+            dtype=dtype,
+            scale=float(scale),
+            zero_point=int(zero_point),
+            quant_min=facts.quant_min,
+            quant_max=facts.quant_max,
+            qscheme=obs.qscheme,
         )
         return spec, facts
     ours = getattr(observers, cls.__name__, None)

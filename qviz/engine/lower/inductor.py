@@ -217,7 +217,9 @@ def records_of(
 
 
 def _add(records: list, node: str, op: str, kernel: str, where: str, reason: str = "") -> None:
-    records.append(KernelRecord(node, op, kernel, where, reason, source=node))
+    records.append(
+        KernelRecord(node=node, op=op, kernel=kernel, where=where, reason=reason, source=node)
+    )
 
 
 def _constant_bytes(graph: Graph) -> int:

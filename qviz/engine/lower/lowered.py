@@ -8,7 +8,7 @@ lowering took, and the fingerprint of the converted model it was lowered from (h
 :meth:`LoweredModel.latency` measures it at a given batch.
 
 Example:
-    >>> rec = KernelRecord("conv2d", "QLinearConv", "integer")
+    >>> rec = KernelRecord(node="conv2d", op="QLinearConv", kernel="integer")
     >>> rec.kernel, rec.reason
     ('integer', '')
 """

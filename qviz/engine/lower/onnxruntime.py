@@ -277,11 +277,23 @@ def classify(
         op = node.op_type
         source = _source(node.name, sources)
         if op.startswith("QLinear") or op in _INTEGER_OPS:
-            records.append(KernelRecord(node.name, op, "integer", _WHERE, "", source))
+            records.append(
+                KernelRecord(
+                    node=node.name, op=op, kernel="integer", where=_WHERE, reason="", source=source
+                )
+            )
         elif op in _BOUNDARY_OPS:
-            records.append(KernelRecord(node.name, op, "quantize", _WHERE, "", source))
+            records.append(
+                KernelRecord(
+                    node=node.name, op=op, kernel="quantize", where=_WHERE, reason="", source=source
+                )
+            )
         elif op in _DATA_OPS:
-            records.append(KernelRecord(node.name, op, "data", _WHERE, "", source))
+            records.append(
+                KernelRecord(
+                    node=node.name, op=op, kernel="data", where=_WHERE, reason="", source=source
+                )
+            )
         else:
             fed = {inputs_from.get(i) for i in node.input}
             inside = "DequantizeLinear" in fed and any(o in quantized for o in node.output)
@@ -290,7 +302,16 @@ def classify(
                 if inside
                 else "the converted model left it in float (no dequantize -> it -> quantize)"
             )
-            records.append(KernelRecord(node.name, op, "float", _WHERE, reason, source))
+            records.append(
+                KernelRecord(
+                    node=node.name,
+                    op=op,
+                    kernel="float",
+                    where=_WHERE,
+                    reason=reason,
+                    source=source,
+                )
+            )
 
     return records
 

@@ -157,6 +157,37 @@ def choose(machine_class: str = "", given_int8: bool = False) -> OrtFormat:
     return OrtFormat("U8U8", False, ok, f"{overflow}: weights stated as uint8 (+128), U8U8")
 
 
+def session_options(*, optimize: bool = True, threads: int | None = None) -> Any:
+    """onnxruntime ``SessionOptions`` under which a QDQ file with int8 weights (what
+    :func:`qviz.export_onnx` writes) computes exactly on this machine.
+
+    With graph optimisations on, onnxruntime fuses the QDQ pairs into its integer kernels; where
+    their U8S8 format saturates (x86 without VNNI: :func:`choose`), the options turn on
+    onnxruntime's precision mode (``session.x64quantprecision``), which computes the same file
+    as U8U8. With ``optimize=False`` every QuantizeLinear / DequantizeLinear runs as written
+    (float kernels between them): exact everywhere, slower.
+
+    Args:
+        optimize: onnxruntime's full graph optimisations (its integer kernels).
+        threads: intra-op threads (None: onnxruntime's default).
+
+    Example:
+        >>> options = session_options()
+        >>> options.graph_optimization_level.name
+        'ORT_ENABLE_ALL'
+    """
+    ort = importlib.import_module("onnxruntime")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if optimize and choose(given_int8=True).precision_mode:
+        options.add_session_config_entry(PRECISION_MODE, "1")
+    return options
+
+
 def uint8_weights(model: Any) -> int:
     """Restate every int8 weight of ``model`` (an ``onnx.ModelProto``, edited in place) as
     uint8: each value and its zero point + 128, the same real values; how many were restated.

@@ -3,7 +3,7 @@ program, and the :class:`IntegerFormat` it chose for the machine; plain data, re
 :class:`~qviz.engine.lower.lowered.LoweredModel` and every view.
 
 Example:
-    >>> KernelRecord("conv2d", "QLinearConv", "integer").kernel
+    >>> KernelRecord(node="conv2d", op="QLinearConv", kernel="integer").kernel
     'integer'
 """
 
@@ -34,7 +34,7 @@ class IntegerFormat:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelRecord:
     """One operator of a lowered program.
 

@@ -206,7 +206,12 @@ def records_of(graph_module: GraphModule, why: dict[str, str] | None = None) -> 
                     )
                     records.append(
                         KernelRecord(
-                            inner.name, _op_name(inner), kind, where, reason, source_of(inner)
+                            node=inner.name,
+                            op=_op_name(inner),
+                            kernel=kind,
+                            where=where,
+                            reason=reason,
+                            source=source_of(inner),
                         )
                     )
         elif node.op == "call_function" and "executorch_call_delegate" not in str(node.target):
@@ -220,7 +225,14 @@ def records_of(graph_module: GraphModule, why: dict[str, str] | None = None) -> 
                 reason = f"XNNPACK's partitioner did not take it: {why[node.name]}"
             kind = "float" if kind == "integer" else kind
             records.append(
-                KernelRecord(node.name, _op_name(node), kind, _PORTABLE, reason, source_of(node))
+                KernelRecord(
+                    node=node.name,
+                    op=_op_name(node),
+                    kernel=kind,
+                    where=_PORTABLE,
+                    reason=reason,
+                    source=source_of(node),
+                )
             )
     return records
 

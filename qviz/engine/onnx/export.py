@@ -88,7 +88,7 @@ MIN_OPSET = 18
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False, kw_only=True)
 class OnnxExport:
     """What :func:`export_onnx` wrote.
 
@@ -131,6 +131,40 @@ class OnnxExport:
     def dequantize_linear(self) -> int:
         """The number of DequantizeLinear nodes."""
         return self.op_counts.get("DequantizeLinear", 0)
+
+    def session(self, *, optimize: bool = True, threads: int | None = None) -> Any:
+        """An onnxruntime session of :attr:`path` that computes it exactly on this machine.
+
+        onnxruntime's integer kernels on x86 without VNNI (AVX2, AVX-512 without VNNI)
+        saturate 16-bit sums when they meet int8 weights, so a plain ``InferenceSession`` of
+        the file can be many quantization steps off there; this session turns on
+        onnxruntime's precision mode on such a machine
+        (:func:`qviz.engine.lower.ort_format.session_options`), as :func:`qviz.lower` does.
+        For a session of your own, pass those options to ``onnxruntime.InferenceSession``.
+
+        Args:
+            optimize: onnxruntime's graph optimisations (its fused integer kernels); False
+                runs each QuantizeLinear / DequantizeLinear as written.
+            threads: intra-op threads (None: onnxruntime's default).
+
+        Example:
+            >>> import torch, qviz, tempfile
+            >>> from qviz.engine.quantizers import XNNPACKQuantizer
+            >>> from qviz.engine.quantizers import get_symmetric_quantization_config as config
+            >>> x = torch.randn(4, 8)
+            >>> gm = qviz.export(torch.nn.Linear(8, 4).eval(), (x,))
+            >>> prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config()))
+            >>> converted = qviz.convert_pt2e(qviz.calibrate(prepared, [x], progress=False))
+            >>> path = tempfile.mkdtemp() + "/linear.onnx"
+            >>> session = qviz.export_onnx(converted, (x,), path).session()
+            >>> session.run(None, {session.get_inputs()[0].name: x.numpy()})[0].shape
+            (4, 4)
+        """
+        ort = _import("onnxruntime")
+        from qviz.engine.lower.ort_format import session_options
+
+        options = session_options(optimize=optimize, threads=threads)
+        return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
 
 def _import(name: str) -> Any:
@@ -521,4 +555,12 @@ def export_onnx(
     placed = _annotate(program, ready, values, report) if report is not None else {}
     proto = _write(program, target)
     counts = Counter(n.op_type for n in proto.graph.node)
-    return OnnxExport(target, opset, source, dict(counts), ranges, proto, placed)
+    return OnnxExport(
+        path=target,
+        opset=opset,
+        source=source,
+        op_counts=dict(counts),
+        ranges=ranges,
+        model=proto,
+        node_properties=placed,
+    )

@@ -10,7 +10,8 @@ Example:
     >>> from qviz.engine.specs import QuantizationAnnotation, FixedQParamsQuantizationSpec
     >>> gm = torch.fx.symbolic_trace(torch.nn.Sigmoid())
     >>> x, sig = list(gm.graph.nodes)[:2]
-    >>> out = FixedQParamsQuantizationSpec(torch.uint8, 1 / 256, 0, 0, 255)
+    >>> out = FixedQParamsQuantizationSpec(dtype=torch.uint8, scale=1 / 256, zero_point=0,
+    ...     quant_min=0, quant_max=255)
     >>> sig.meta["quantization_annotation"] = QuantizationAnnotation({x: None}, out)
     >>> specs, implicit = collect_specs(gm)
     >>> [k.name for k in specs], implicit(sig)

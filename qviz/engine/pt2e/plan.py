@@ -86,7 +86,7 @@ class TensorRef:
         return self.producer if self.consumer is None else f"{self.producer} -> {self.consumer}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecSummary:
     """A spec as plain values: kind ("observed", "fixed", "derived", "shared") and its fields."""
 
@@ -108,7 +108,7 @@ class SpecSummary:
     @classmethod
     def of(cls, spec: QuantizationSpecBase) -> SpecSummary:
         if isinstance(spec, SharedQuantizationSpec):
-            return cls("shared", shared_with=TensorRef.of(spec.edge_or_node))
+            return cls(kind="shared", shared_with=TensorRef.of(spec.edge_or_node))
         common = {
             "dtype": str(spec.dtype).replace("torch.", ""),
             "quant_min": spec.quant_min,
@@ -117,15 +117,17 @@ class SpecSummary:
             "is_dynamic": bool(spec.is_dynamic),
         }
         if isinstance(spec, FixedQParamsQuantizationSpec):
-            return cls("fixed", scale=float(spec.scale), zero_point=int(spec.zero_point), **common)
+            return cls(
+                kind="fixed", scale=float(spec.scale), zero_point=int(spec.zero_point), **common
+            )
         if isinstance(spec, DerivedQuantizationSpec):
             derived = tuple(TensorRef.of(k) for k in spec.derived_from)
-            return cls("derived", ch_axis=spec.ch_axis, derived_from=derived, **common)
+            return cls(kind="derived", ch_axis=spec.ch_axis, derived_from=derived, **common)
         ctor = spec.observer_or_fake_quant_ctr
         name = getattr(getattr(ctor, "p", None), "func", ctor)
         method = getattr(ctor, "kwargs", {}).get("method")
         return cls(
-            "observed",
+            kind="observed",
             ch_axis=spec.ch_axis,
             observer=getattr(name, "__name__", str(name)),
             method=str(method) if method is not None else None,
@@ -133,7 +135,7 @@ class SpecSummary:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorRecord:
     """One observed tensor: its group, how it joined it (and via which tensor), its own spec."""
 
@@ -146,7 +148,7 @@ class TensorRecord:
     unobserved: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupRecord:
     """One sharing group: its observer module, the tensor owning it, the resolved spec."""
 
@@ -255,8 +257,9 @@ class QuantPlan:
         convert folds a BatchNorm, the conv computes what the BatchNorm did.
 
         Example:
-            >>> plan = QuantPlan((), (TensorRecord(TensorRef("bn", "relu"), 0, "own spec", None,
-            ...                                    SpecSummary("observed")),))
+            >>> plan = QuantPlan((), (TensorRecord(tensor=TensorRef("bn", "relu"), group=0,
+            ...     how="own spec", via=None,
+            ...                                    spec=SpecSummary(kind="observed")),))
             >>> str(plan.renamed({"bn": "conv2d"}).tensors[0].tensor)
             'conv2d -> relu'
         """
@@ -266,8 +269,10 @@ class QuantPlan:
         """Every module name an observer call of this plan targets (aliases included).
 
         Example:
-            >>> plan = QuantPlan((GroupRecord(0, "activation_post_process_0", TensorRef("x"),
-            ...     SpecSummary("observed"), (), aliases=("activation_post_process_2",)),), ())
+            >>> plan = QuantPlan((GroupRecord(group=0, observer="activation_post_process_0",
+            ...     owner=TensorRef("x"),
+            ...     spec=SpecSummary(kind="observed"), members=(),
+            ...     aliases=("activation_post_process_2",)),), ())
             >>> sorted(plan.observer_names())
             ['activation_post_process_0', 'activation_post_process_2']
         """

@@ -74,7 +74,8 @@ def observer_from_spec(
     Example:
         >>> import torch
         >>> from qviz.engine.observers import MinMaxObserver
-        >>> spec = QuantizationSpec(torch.int8, MinMaxObserver, quant_min=-128, quant_max=127,
+        >>> spec = QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=MinMaxObserver,
+        ...     quant_min=-128, quant_max=127,
         ...                         qscheme=torch.per_tensor_affine)
         >>> type(observer_from_spec(spec, {})).__name__
         'MinMaxObserver'

@@ -28,7 +28,8 @@ Example:
     >>> from qviz.engine.specs import FixedQParamsQuantizationSpec
     >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU()))
     >>> x, r0, r1 = list(gm.graph.nodes)[:3]
-    >>> spec = FixedQParamsQuantizationSpec(torch.uint8, 1 / 256, 0, 0, 255)
+    >>> spec = FixedQParamsQuantizationSpec(dtype=torch.uint8, scale=1 / 256, zero_point=0,
+    ...     quant_min=0, quant_max=255)
     >>> sharing = resolve_sharing({(x, r0): spec, r0: spec, (r0, r1): spec})
     >>> {describe(k): str(m.how) for k, m in sharing.members.items()}
     {'input_1 -> _0': 'own spec', '_0': 'own spec', '_0 -> _1': 'implicit'}

@@ -227,7 +227,17 @@ class ComposableQuantizer(Quantizer):
                 rows.extend(declare())
             else:
                 name = type(quantizer).__name__
-                rows.append(Capability(name, "(not declared)", "unknown", "?", "?", "?", "?"))
+                rows.append(
+                    Capability(
+                        quantizer=name,
+                        pattern="(not declared)",
+                        observation="unknown",
+                        input="?",
+                        output="?",
+                        weight="?",
+                        bias="?",
+                    )
+                )
         return rows
 
     def validate(self, model: GraphModule) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Capability:
     """One pattern a quantizer quantizes, with one combination of dtypes."""
 

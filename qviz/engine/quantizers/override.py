@@ -242,8 +242,8 @@ class OverrideQuantizer(WrappingQuantizer):
         self.base = base
         self.overrides = normalize_overrides(overrides)
         self.default_spec = default_spec or QuantizationSpec(
-            torch.int8,
-            HistogramObserver.with_args(eps=_EPS),
+            dtype=torch.int8,
+            observer_or_fake_quant_ctr=HistogramObserver.with_args(eps=_EPS),
             quant_min=-128,
             quant_max=127,
             qscheme=torch.per_tensor_affine,
@@ -418,9 +418,13 @@ def edited_spec(
     try:
         if "scale" in changes:
             return FixedQParamsQuantizationSpec(
-                fields["dtype"], changes["scale"], changes["zero_point"], fields["quant_min"],
-                fields["quant_max"], fields["qscheme"],
-            )  # fmt: skip
+                dtype=fields["dtype"],
+                scale=changes["scale"],
+                zero_point=changes["zero_point"],
+                quant_min=fields["quant_min"],
+                quant_max=fields["quant_max"],
+                qscheme=fields["qscheme"],
+            )
         per_channel = fields.get("qscheme") in _PER_CHANNEL_SCHEMES
         if per_channel and fields.get("ch_axis") is None:
             fields["ch_axis"] = 0 if constant else 1  # out-channels / channels

@@ -87,7 +87,7 @@ class _Layer:
     groups: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Pair:
     first: _Layer
     second: _Layer
@@ -402,7 +402,7 @@ def _layers_and_pairs(out: GraphModule, found: list) -> tuple[dict[Node, _Layer]
             )
         return layers[node]
 
-    pairs = [_Pair(layer(a), layer(b), act) for a, b, act in found]
+    pairs = [_Pair(first=layer(a), second=layer(b), activation=act) for a, b, act in found]
     for p in pairs:
         p.scale = torch.ones(
             p.first.weight.shape[0], dtype=torch.float64, device=p.first.weight.device

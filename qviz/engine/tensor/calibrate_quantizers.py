@@ -35,7 +35,7 @@ from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, QvizError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantizerAmax:
     """The amax one TensorQuantizer got: its module path, role and method, and the value(s)."""
 

@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -95,7 +95,6 @@ class QuantDescriptor:
 
     num_bits: int = 8
     name: str | None = None
-    _: KW_ONLY
     fake_quant: bool = True
     axis: int | tuple[int, ...] | None = None
     amax: float | tuple | torch.Tensor | None = field(default=None, repr=False)

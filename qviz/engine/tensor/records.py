@@ -82,7 +82,7 @@ class QuantizerCall:
     output: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantizerRecord:
     """One TensorQuantizer: where it is, what grid it quantizes to and with which amax.
 

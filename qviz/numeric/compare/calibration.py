@@ -30,7 +30,7 @@ from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.numeric.measure.metrics import clipped_fraction, sqnr
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CalibrationChoice:
     """One calibration method's choice for one tensor, and what it costs."""
 

@@ -80,7 +80,7 @@ def qdq_ops() -> tuple[set[Any], set[Any]]:
     return set(quantize_ops()), set(dequantize_ops())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Row:
     """What is measured for one operator of the quantized model."""
 
@@ -313,12 +313,14 @@ def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
         if n.name not in planned or n.op != "call_function" or float_handle(n) is None:
             continue
         probe, q = output_probe(n, quantize_ops, dequantize_ops)
-        row = _Row(n, float_handle(n), probe, q)
+        row = _Row(node=n, ref=float_handle(n), probe=probe, grid_q=q)
         row.slices.channels_first = "conv" in op_name(n)
         _check_match(row, float_nodes)
         if q is not None and q.target == quantized_decomposed().quantize_per_tensor.default:
             scale, zp, qmin, qmax = q.args[1:5]
-            row.grid = GridStats(float(scale), int(zp), int(qmin), int(qmax))
+            row.grid = GridStats(
+                scale=float(scale), zero_point=int(zp), quant_min=int(qmin), quant_max=int(qmax)
+            )
         own = handle(n)
         twin = float_nodes.get(own if own is not None else row.ref)
         if twin is not None:

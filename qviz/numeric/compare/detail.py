@@ -36,7 +36,7 @@ from qviz.numeric.measure.metrics import sqnr
 MAX_POINTS = 5000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerDetail:
     """One layer's float and quantized outputs on a sample batch (values subsampled).
 

@@ -70,7 +70,7 @@ def is_quant_nn_model(model: Any) -> bool:
     return isinstance(model, nn.Module) and model_stage(model) is Stage.QUANT_NN
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Layer:
     """One matched layer and what is measured on it (per call of the layer)."""
 
@@ -126,7 +126,11 @@ def _match(float_model: nn.Module, quant_model: nn.Module) -> list[_Layer]:
                 f"float_model's {name!r} is a {type(twin).__name__} with TensorQuantizers: "
                 f"pass the float model as float_model and its quant_nn copy as quantized_model"
             )
-        layers.append(_Layer(name or type(quant_model).__name__, twin, quant_layer))
+        layers.append(
+            _Layer(
+                name=name or type(quant_model).__name__, float_layer=twin, quant_layer=quant_layer
+            )
+        )
     if not layers:
         raise ConfigError(
             f"the {type(quant_model).__name__} has no quantized layer (no enabled "
@@ -182,7 +186,9 @@ def _input_grid(layer: nn.Module) -> GridStats | None:
     amax = float(tq.amax) * (d.scale_amax or 1.0)
     qmin, qmax = quant_range(d.num_bits, unsigned=d.unsigned, narrow_range=d.narrow_range)
     scale = float(symmetric_scale(amax, num_bits=d.num_bits, unsigned=d.unsigned))
-    return GridStats(scale, 0, qmin, qmax) if scale > 0 else None
+    return (
+        GridStats(scale=scale, zero_point=0, quant_min=qmin, quant_max=qmax) if scale > 0 else None
+    )
 
 
 class _Hooks:

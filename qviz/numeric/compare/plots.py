@@ -72,7 +72,9 @@ def detail_figure(detail: Any) -> Any:
         >>> import numpy as np
         >>> from qviz.numeric.compare.detail import LayerDetail
         >>> x = np.linspace(-1, 1, 50, dtype=np.float32)
-        >>> d = LayerDetail("relu", 40.0, 50, x, x + 0.01, np.ones(3), np.linspace(0, 0.02, 4))
+        >>> d = LayerDetail(node="relu", sqnr=40.0, numel=50, float_values=x,
+        ...     quantized_values=x + 0.01, error_counts=np.ones(3), error_edges=np.linspace(0, 0.02,
+        ...     4))
         >>> [ax.get_xlabel() for ax in detail_figure(d).axes]
         ['float output', 'quantized − float']
     """

@@ -103,8 +103,10 @@ def rank(estimates: list[RemedyEstimate], min_gain_db: float) -> tuple[RemedyEst
     Example:
         >>> p = Prescription("x", "qviz.engine.repair.adaround")
         >>> f = Prescription("keep fc in float", "qviz.numeric.fallback")
-        >>> es = [RemedyEstimate("AdaRound", p, 10.0, 10.1, ""),
-        ...       RemedyEstimate("float", f, 10.0, math.inf, "")]
+        >>> es = [RemedyEstimate(name="AdaRound", prescription=p, before_db=10.0, after_db=10.1,
+        ...     how=""),
+        ...       RemedyEstimate(name="float", prescription=f, before_db=10.0, after_db=math.inf,
+        ...     how="")]
         >>> [e.name for e in rank(es, 0.5)], [e.name for e in rank(es, 0.05)]
         (['float', 'AdaRound'], ['AdaRound', 'float'])
     """
@@ -128,8 +130,10 @@ def verdict(node: str, ranked: tuple[RemedyEstimate, ...], min_gain_db: float) -
     Example:
         >>> p = Prescription("x", "qviz.engine.repair.adaround")
         >>> f = Prescription("keep fc in float", "qviz.numeric.fallback")
-        >>> verdict("fc", rank([RemedyEstimate("AdaRound", p, 10.0, 10.1, ""),
-        ...                     RemedyEstimate("float", f, 10.0, math.inf, "")], 0.5), 0.5)
+        >>> verdict("fc", rank([RemedyEstimate(name="AdaRound", prescription=p, before_db=10.0,
+        ...     after_db=10.1, how=""),
+        ...                     RemedyEstimate(name="float", prescription=f, before_db=10.0,
+        ...     after_db=math.inf, how="")], 0.5), 0.5)
         'no remedy that keeps fc on its grid gains 0.5 dB on it alone (AdaRound: +0.10 dB): float'
     """
     if not ranked:

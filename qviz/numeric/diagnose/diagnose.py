@@ -89,7 +89,7 @@ _UNMEASURED = "not measured: pass data= to diagnose to measure the remedies on {
 MAX_SEVERITY = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Finding:
     """One poor layer: its cause, the evidence, the prescription and how poor it is.
 
@@ -112,9 +112,11 @@ class Finding:
         verdict: one line on what the measurements support, or that no quantized remedy pays.
 
     Example:
-        >>> f = Finding("mul", "mul", Cause.DEGENERATE, (("zeros_after", 1.0),),
-        ...             Prescription("keep mul in float", "qviz.numeric.fallback"), 0.0,
-        ...             "local_sqnr", 25.0)
+        >>> f = Finding(node="mul", op="mul", cause=Cause.DEGENERATE, evidence=(("zeros_after",
+        ...     1.0),),
+        ...             prescription=Prescription("keep mul in float",
+        ...     "qviz.numeric.fallback"), sqnr=0.0,
+        ...             figure="local_sqnr", severity=25.0)
         >>> f.facts["zeros_after"], str(f.cause)
         (1.0, 'degenerate range')
     """
@@ -407,7 +409,13 @@ def diagnose(
     _check(report, prepared, data, numbers)
     plan = require_plan(prepared, "diagnose")
     rows = {str(r["node"]): r for r in report.df.to_dict("records")}
-    ctx = Context(rows, prepared, plan, float(threshold_db), float(outlier_factor))
+    ctx = Context(
+        rows=rows,
+        prepared=prepared,
+        plan=plan,
+        threshold_db=float(threshold_db),
+        outlier_factor=float(outlier_factor),
+    )
     worst = {name: _worst_figure(row) for name, row in rows.items()}
     poor = [name for name, (_, value) in worst.items() if value < threshold_db]
     if data is not None:  # finite, at least one batch: checked whether or not a layer is poor
@@ -452,5 +460,13 @@ def _finding(ctx: Context, name: str, figure: str, value: float) -> Finding:
     row = ctx.rows[name]
     severity = min(ctx.threshold_db - value, MAX_SEVERITY)
     cause, found = next((c, f) for c, rule in RULES if (f := rule(row, ctx)) is not None)
-    return Finding(name, str(row.get("op", "")), cause, found[0], found[1], value, figure,
-                   severity)  # fmt: skip
+    return Finding(
+        node=name,
+        op=str(row.get("op", "")),
+        cause=cause,
+        evidence=found[0],
+        prescription=found[1],
+        sqnr=value,
+        figure=figure,
+        severity=severity,
+    )

@@ -86,7 +86,7 @@ REMEDY_NAMES = {
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RemedyEstimate:
     """One candidate remedy of a finding and its measured local effect.
 
@@ -100,8 +100,9 @@ class RemedyEstimate:
             ``"local_worst_token_sqnr"`` or ``"local_worst_channel_sqnr"``).
 
     Example:
-        >>> e = RemedyEstimate("float", Prescription("keep fc in float", "qviz.numeric.fallback"),
-        ...                    12.0, math.inf, "no error at this operator")
+        >>> e = RemedyEstimate(name="float", prescription=Prescription("keep fc in float",
+        ...     "qviz.numeric.fallback"),
+        ...                    before_db=12.0, after_db=math.inf, how="no error at this operator")
         >>> e.gain_db, e.keeps_quantized, e.widens
         (inf, False, True)
     """
@@ -147,7 +148,7 @@ class _Edge:
     constant: bool
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocalOperator:
     """One operator, its quantized tensors, and what it saw."""
 
@@ -255,7 +256,7 @@ def _local(ctx: Context, node: Node, specs: dict[Any, Any]) -> LocalOperator:
     if call is not None:
         output = _Edge(node.name, None, ctx.prepared.get_submodule(call.target),
                        _spec(ctx, specs, node), False)  # fmt: skip
-    return LocalOperator(node, edges, output)
+    return LocalOperator(node=node, edges=edges, output=output)
 
 
 def capture(
@@ -499,4 +500,6 @@ def estimate(local: LocalOperator, name: str, p: Prescription, before: float) ->
             after, how = None, f"{p.function} is not measured on one operator"
     except (QvizError, RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
         after, how = None, f"not measured: {type(exc).__name__}: {exc}"
-    return RemedyEstimate(name, p, before, after, how, local.figure)
+    return RemedyEstimate(
+        name=name, prescription=p, before_db=before, after_db=after, how=how, figure=local.figure
+    )

@@ -74,7 +74,7 @@ class Prescription:
     arguments: tuple[tuple[str, Any], ...] = ()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Context:
     """What every rule reads: the report's rows, the prepared model and its plan, the
     measured per-channel absolute maxima (``{node name: tensor}``; empty without data)."""

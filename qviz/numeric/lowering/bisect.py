@@ -79,7 +79,7 @@ PROBE_METHODS = {
 _COLUMNS = ("tensor", "op", "role", "departed", "max_steps", "share")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BisectionResult:
     """What a bisection of a lowered model probed, and the first departing tensor it found.
 
@@ -101,7 +101,8 @@ class BisectionResult:
     Example:
         >>> row = {"tensor": "q3", "op": "conv", "role": "bisect", "departed": True,
         ...        "max_steps": 9, "share": 0.5, "elements": 8, "differing": 4}
-        >>> r = BisectionResult((row,), row, 12, "xnnpack", "cut and lowered again")
+        >>> r = BisectionResult(probes=(row,), first_departure=row, candidates=12,
+        ...     backend="xnnpack", method="cut and lowered again")
         >>> r.agrees, r.first_departure["op"]
         (False, 'conv')
     """
@@ -444,10 +445,15 @@ def bisect_lowering(
     found, refuted = (None, []) if start is None else _search(start, below, near, probes.departs)
     rows, backend = probes.rows, lowered.backend
     return BisectionResult(
-        tuple(rows.values()), None if found is None else rows[found], len(order), backend,
-        PROBE_METHODS[backend], tolerance, propagation_held=not refuted,
+        probes=tuple(rows.values()),
+        first_departure=None if found is None else rows[found],
+        candidates=len(order),
+        backend=backend,
+        method=PROBE_METHODS[backend],
+        tolerance=tolerance,
+        propagation_held=not refuted,
         note=_refuted_note(order, rows, below, refuted) if refuted else "",
-    )  # fmt: skip
+    )
 
 
 class _Probes:

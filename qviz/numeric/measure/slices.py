@@ -108,7 +108,7 @@ def _sums(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.sum(other) if other else x
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SliceStats:
     """Per-token and per-channel sums of one comparison (see the module docstring).
 

@@ -158,7 +158,7 @@ class PairStats:
         return self.dot / norm if norm > 0 else (1.0 if self.err_sq == 0.0 else 0.0)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GridStats:
     """Running statistics of a float tensor against the grid ``scale * (q - zero_point)``.
 

@@ -61,7 +61,7 @@ def _finite_part(
     return ref[both], out[both], count, example
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OutputTotals:
     """The model outputs compared so far (per floating-point leaf), the metric's sample-weighted
     sum (None: no metric), and the sample and batch counts (picklable, mergeable)."""

@@ -3,9 +3,10 @@
 Example:
     >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
     >>> front = (FrontPoint(1.0, 28.0, ("w4a8",)), FrontPoint(2.0, 41.0, ("w8a8",)))
-    >>> evaluations = (Evaluation(1, 2.0, 40.5, None, True),)
-    >>> r = PrecisionResult("output_sqnr", 30.0, None, "KiB", (), (), ("w8a8",), (), front,
-    ...                     evaluations, 1)
+    >>> evaluations = (Evaluation(point=1, cost=2.0, output_sqnr=40.5, metric=None, meets=True),)
+    >>> r = PrecisionResult(target="output_sqnr", limit=30.0, float_metric=None, cost_unit="KiB",
+    ...     units=(), layers=(), reference=("w8a8",), screened=(), front=front,
+    ...                     evaluations=evaluations, chosen=1)
     >>> fig = pareto_plot(r)
     >>> fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()
     ('cost (KiB)', 'output SQNR (dB)')
@@ -35,8 +36,10 @@ def pareto_plot(result: Any, *, selected: int | None = None, size: tuple = (7.0,
 
     Example:
         >>> from qviz.numeric.precision.result import FrontPoint, PrecisionResult
-        >>> r = PrecisionResult("metric", 0.01, 0.98, "GBOP", (), (), (), (),
-        ...                     (FrontPoint(1.0, 0.95, ()), FrontPoint(3.0, 0.975, ())), (), None)
+        >>> r = PrecisionResult(target="metric", limit=0.01, float_metric=0.98, cost_unit="GBOP",
+        ...     units=(), layers=(), reference=(), screened=(),
+        ...                     front=(FrontPoint(1.0, 0.95, ()), FrontPoint(3.0, 0.975,
+        ...     ())), evaluations=(), chosen=None)
         >>> pareto_plot(r, selected=0).axes[0].get_ylabel()
         'metric'
     """
@@ -131,8 +134,10 @@ def plot_range(result: Any) -> PlotRange:
     Example:
         >>> from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult
         >>> front = (FrontPoint(18.0, 0.96, ()), FrontPoint(22.0, 0.995, ()))
-        >>> r = PrecisionResult("metric", 0.01, 0.997, "KiB", (), (), (), (), front,
-        ...                     (Evaluation(None, 17.0, 20.0, 0.70, False),), None)
+        >>> r = PrecisionResult(target="metric", limit=0.01, float_metric=0.997, cost_unit="KiB",
+        ...     units=(), layers=(), reference=(), screened=(), front=front,
+        ...                     evaluations=(Evaluation(point=None, cost=17.0, output_sqnr=20.0,
+        ...     metric=0.70, meets=False),), chosen=None)
         >>> view = plot_range(r)
         >>> view.low < 0.96 < 0.995 < view.high, view.off_scale(0.70), view.place(0.70) > 0.9
         (True, True, True)

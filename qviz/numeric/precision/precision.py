@@ -52,7 +52,7 @@ from torch.fx import GraphModule
 
 from qviz.engine import distributed
 from qviz.engine.graph.fingerprint import fingerprint
-from qviz.engine.graph.inputs import checked_batches, measured_batches
+from qviz.engine.graph.inputs import checked_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
@@ -64,7 +64,12 @@ from qviz.numeric.precision.cost import Cost, parse_cost, unit_costs
 from qviz.numeric.precision.front import next_probe, pareto_front
 from qviz.numeric.precision.result import Evaluation, FrontPoint, PrecisionResult, Screened
 from qviz.numeric.precision.units import Precision, Unit, assignment_overrides, find_units
-from qviz.numeric.variants.variants import VariantScorer, prepare_variant, quantize_variant
+from qviz.numeric.variants.variants import (
+    VariantScorer,
+    prepare_variant,
+    quantize_variant,
+    variant_batches,
+)
 
 DEFAULT_CANDIDATES = ("w4a8", "w8a8", "w8a16", "float")
 _WHERE = "search_precision"
@@ -200,7 +205,7 @@ def _positive(value: Any) -> int:
     return value
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _State:
     """What the setup hands the search (this rank's part)."""
 
@@ -223,10 +228,8 @@ def _setup(gm, quantizer, data, metric, candidates, cost, layers, screening_data
     check_stage(gm, Stage.FLOAT, where=_WHERE, arg="exported_model", exported=True)
     how = parse_cost(cost)
     precisions = _candidates(candidates)
-    batches = measured_batches(data, _WHERE, allow_empty=True)  # finite; a shard may be empty
-    calibration = batches
-    if calibration_data is not None:
-        calibration = checked_batches(calibration_data, gm, f"{_WHERE}(calibration_data=...)")
+    # finite; a shard may be empty
+    batches, calibration = variant_batches(data, calibration_data, gm, _WHERE, allow_empty=True)
     full = VariantScorer(gm, batches, metric, _WHERE, shard)
     screen = full
     if screening_data is not None:
@@ -236,7 +239,17 @@ def _setup(gm, quantizer, data, metric, candidates, cost, layers, screening_data
     options = [_distinct(u, precisions) for u in units]
     unit_name = how.unit if isinstance(how, Cost) else "cost"
     costs = unit_costs(gm, units, options, how)
-    return _State(gm, quantizer, units, options, costs, unit_name, full, screen, calibration)
+    return _State(
+        gm=gm,
+        base=quantizer,
+        units=units,
+        options=options,
+        costs=costs,
+        cost_unit=unit_name,
+        full=full,
+        screen=screen,
+        calibration=calibration,
+    )
 
 
 def _candidates(candidates: Any) -> list[Precision]:
@@ -326,7 +339,14 @@ class _Search:
     def _evaluation(self, point: int | None, choice: Sequence[int], score: Any,
                     scorer: VariantScorer, screening: bool = False) -> Evaluation:  # fmt: skip
         meets = self._penalty(scorer, score) <= self.target.allowed
-        return Evaluation(point, self._cost(choice), score[0], score[1], meets, screening)
+        return Evaluation(
+            point=point,
+            cost=self._cost(choice),
+            output_sqnr=score[0],
+            metric=score[1],
+            meets=meets,
+            screening=screening,
+        )
 
     def first_guess(self) -> bool:
         """Every unit at its cheapest option, evaluated in full before anything is screened:
@@ -404,11 +424,21 @@ class _Search:
         layers = tuple((n.name, op_name(n), module_path(n), u.name) for u in s.units
                        for n in s.gm.graph.nodes if n.name in u.layers)  # fmt: skip
         return PrecisionResult(
-            self.target.kind, self.target.limit, s.full.float_metric, s.cost_unit,
-            tuple(s.units), layers, tuple(opts[r].name for opts, r in zip(s.options, self.ref,
-            strict=True)), tuple(self.screened), tuple(self.front),
-            tuple(e for e in (self.reference, self.guess, *self.evaluations) if e is not None),
-            self.chosen,
+            target=self.target.kind,
+            limit=self.target.limit,
+            float_metric=s.full.float_metric,
+            cost_unit=s.cost_unit,
+            units=tuple(s.units),
+            layers=layers,
+            reference=tuple(opts[r].name for opts, r in zip(s.options, self.ref, strict=True)),
+            screened=tuple(self.screened),
+            front=tuple(self.front),
+            evaluations=tuple(
+                e for e in (self.reference, self.guess, *self.evaluations) if e is not None
+            ),
+            chosen=self.chosen,
             fingerprint=None if self.model is None else fingerprint(self.model),
-            float_fingerprint=fingerprint(s.gm), base=s.base, model=self.model,
-        )  # fmt: skip
+            float_fingerprint=fingerprint(s.gm),
+            base=s.base,
+            model=self.model,
+        )

@@ -39,7 +39,7 @@ class FrontPoint:
     choice: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Evaluation:
     """A measurement of one assignment: ``point`` its front index (None: an assignment off the
     front), the output SQNR in dB against float, the metric (None without one), whether it
@@ -66,7 +66,7 @@ class Screened:
     metric: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrecisionResult:
     """The search's records (see the module docstring).
 
@@ -82,7 +82,9 @@ class PrecisionResult:
             none was). ``model``: that assignment's converted model.
 
     Example:
-        >>> r = PrecisionResult("output_sqnr", 30.0, None, "KiB", (), (), (), (), (), (), None)
+        >>> r = PrecisionResult(target="output_sqnr", limit=30.0, float_metric=None,
+        ...     cost_unit="KiB", units=(), layers=(), reference=(), screened=(), front=(),
+        ...     evaluations=(), chosen=None)
         >>> r.met, r.summary()
         (False, 'no assignment met output SQNR >= 30 dB in 0 full evaluation(s)')
     """
@@ -125,8 +127,10 @@ class PrecisionResult:
 
         Example:
             >>> u = Unit("linear", ("linear",), (), (), 8)
-            >>> r = PrecisionResult("output_sqnr", 30.0, None, "KiB", (u,), (), ("float",), (),
-            ...                     (FrontPoint(1.0, 35.0, ("w8a8",)),), (), 0)
+            >>> r = PrecisionResult(target="output_sqnr", limit=30.0, float_metric=None,
+            ...     cost_unit="KiB", units=(u,), layers=(), reference=("float",), screened=(),
+            ...                     front=(FrontPoint(1.0, 35.0,
+            ...     ("w8a8",)),), evaluations=(), chosen=0)
             >>> r.assignment()
             {'linear': 'w8a8'}
         """

@@ -57,7 +57,7 @@ from qviz.numeric.qat.tally import Pending, Tally, sample_rows, tally_all
 _MAX_PENDING = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QATRecord:
     """One fake-quantize module at one training step."""
 
@@ -236,10 +236,16 @@ class QATMonitor:
         if len(samples) >= _MAX_PENDING:  # many forwards without a step: tally what waits
             tally_all(samples, self._tally)
             samples.clear()
-        samples.append(Pending(
-            name, sample_rows(x, axis, self.sample), scale, module.zero_point.detach(),
-            int(module.quant_min), int(module.quant_max),
-        ))  # fmt: skip
+        samples.append(
+            Pending(
+                name=name,
+                rows=sample_rows(x, axis, self.sample),
+                scale=scale,
+                zero_point=module.zero_point.detach(),
+                quant_min=int(module.quant_min),
+                quant_max=int(module.quant_max),
+            )
+        )
 
     def _flush(self, name: str) -> None:
         """Before ``name`` runs again in the same step (its qparams may move), keep a copy of

@@ -15,7 +15,8 @@ its pending sample tallied alone just before its next forward, with the qparams 
 Example:
     >>> import torch
     >>> rows = torch.tensor([[0.0, 1.0, 9.0]])
-    >>> pending = [Pending("fq", rows, torch.tensor([1.0]), torch.tensor([0]), -4, 4)]
+    >>> pending = [Pending(name="fq", rows=rows, scale=torch.tensor([1.0]),
+    ...     zero_point=torch.tensor([0]), quant_min=-4, quant_max=4)]
     >>> tallies = {"fq": Tally()}
     >>> tally_all(pending, tallies)
     >>> tallies["fq"].shares()  # 9.0 lies outside [-4, 4]; mean |x| / scale = 10 / 3
@@ -47,7 +48,7 @@ def sample_rows(x: torch.Tensor, channel_axis: int | None, sample: int | None) -
     return rows.to(torch.float32, copy=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Pending:
     """One module's sample waiting to be tallied, with the qparams it was quantized with."""
 

@@ -43,7 +43,6 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from qviz.engine.graph.inputs import measured_batches
 from qviz.engine.graph.stage import Stage as ModelStage
 from qviz.engine.graph.stage import check_stage
 from qviz.engine.pt2e.plan import TransformRecord
@@ -52,6 +51,7 @@ from qviz.numeric.compare.compare import compare
 from qviz.numeric.diagnose.diagnose import Diagnosis, Finding, diagnose
 from qviz.numeric.measure.totals import check_figures
 from qviz.numeric.repair.remedies import Remedy, Stage, quantizer_with, remedy_of, transform
+from qviz.numeric.variants.variants import prepare_variant, variant_batches
 
 _LAYER_COLUMNS = ("node", "local_sqnr_before", "local_sqnr_after", "cumulative_sqnr_before",
                   "cumulative_sqnr_after")  # fmt: skip
@@ -61,7 +61,7 @@ NO_GAIN_DB = 0.05
 """A step whose output SQNR moves less than this (dB), its metric not rising, is "no gain"."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RepairStep:
     """One applied remedy and what it changed.
 
@@ -78,9 +78,12 @@ class RepairStep:
         seconds: how long the rebuild and the measurement took.
 
     Example:
-        >>> step = RepairStep("fallback", (("nodes", ("relu",)),), (), (),
-        ...                   (("relu", 30.0, math.nan, 28.0, math.nan),), 28.0, 31.5, None, None,
-        ...                   0.1)
+        >>> step = RepairStep(remedy="fallback", arguments=(("nodes", ("relu",)),), scope=(),
+        ...     transforms=(),
+        ...                   layers=(("relu", 30.0, math.nan, 28.0,
+        ...     math.nan),), output_sqnr_before=28.0, output_sqnr_after=31.5, metric_before=None,
+        ...     metric_after=None,
+        ...                   seconds=0.1)
         >>> step.delta, step
         (3.5, RepairStep(fallback: output SQNR 28.00 -> 31.50 dB))
     """
@@ -107,7 +110,9 @@ class RepairStep:
         the metric rose.
 
         Example:
-            >>> RepairStep("fallback", (), (), (), (), 28.0, 28.001, None, None, 0.1).gained
+            >>> RepairStep(remedy="fallback", arguments=(), scope=(), transforms=(), layers=(),
+            ...     output_sqnr_before=28.0, output_sqnr_after=28.001, metric_before=None,
+            ...     metric_after=None, seconds=0.1).gained
             False
         """
         metric_up = (
@@ -122,7 +127,9 @@ class RepairStep:
         """The step in words: ``"+3.50 dB"``, ``"no gain"`` or ``"worse by 1.20 dB"``.
 
         Example:
-            >>> RepairStep("fallback", (), (), (), (), 28.0, 28.0, None, None, 0.1).verdict
+            >>> RepairStep(remedy="fallback", arguments=(), scope=(), transforms=(), layers=(),
+            ...     output_sqnr_before=28.0, output_sqnr_after=28.0, metric_before=None,
+            ...     metric_after=None, seconds=0.1).verdict
             'no gain (output SQNR 28.00 dB, unchanged within 0.05 dB)'
         """
         if self.gained:
@@ -160,9 +167,11 @@ class RepairStep:
                 regular expression.
 
         Example:
-            >>> step = RepairStep("fallback", (), (), (), (("conv2d", 10.0, 30.0, 9.0, 29.0),
+            >>> step = RepairStep(remedy="fallback", arguments=(), scope=(), transforms=(),
+            ...     layers=(("conv2d", 10.0, 30.0, 9.0, 29.0),
             ...     ("relu", 20.0, 21.0, 9.5, 28.0), ("linear", 5.0, 5.0, 8.0, 27.0)),
-            ...     8.0, 27.0, None, None, 0.1)
+            ...     output_sqnr_before=8.0, output_sqnr_after=27.0, metric_before=None,
+            ...     metric_after=None, seconds=0.1)
             >>> [row[0] for row in step.changes(r"conv|linear", by="local_delta").layers]
             ['conv2d', 'linear']
         """
@@ -199,7 +208,7 @@ class RepairStep:
         return step_html(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _State:
     """Everything one build made; the session keeps one per step, so undo restores it as is."""
 
@@ -229,10 +238,6 @@ def _layers(before: Any, after: Any) -> tuple[tuple[str, float, float, float, fl
     return tuple(rows)
 
 
-def _batches(data: Any, where: str) -> list[Any]:
-    return measured_batches(data, f"RepairSession({where}=...)")  # finite, at least one
-
-
 class RepairSession:
     """Apply remedies to a quantized model one at a time, each measured before and after, with
     an undo (see the module docstring for the order the stages run in).
@@ -241,7 +246,7 @@ class RepairSession:
         float_gm: the float graph module :func:`qviz.export` returned (copied; never changed).
         quantizer: the quantizer the baseline is prepared with.
         calibration_data: batches to calibrate on (and for the remedies that need data:
-            SmoothQuant's activation ranges, bias correction, AdaRound).
+            SmoothQuant's activation ranges, bias correction, AdaRound); None: ``data``.
         data: the evaluation batches every report is measured on (and diagnose reads).
         metric: ``metric(float_out, quant_out, target) -> float``, as in
             :func:`qviz.numeric.compare`.
@@ -287,8 +292,8 @@ class RepairSession:
                     exported=True)  # fmt: skip
         self._float = copy.deepcopy(float_gm)
         self._quantizer = quantizer
-        self._calibration = _batches(calibration_data, "calibration_data")
-        self._data = _batches(data, "data")
+        self._data, self._calibration = variant_batches(data, calibration_data, float_gm,
+                                                        "RepairSession")  # fmt: skip
         self.metric, self.progress = metric, progress
         self._states = [self._build((), None)]
         self._steps: list[RepairStep] = []
@@ -307,8 +312,7 @@ class RepairSession:
                 gm, records[i] = transform(r, gm, gm, cal, progress)
         if start <= Stage.QUANTIZER or base is None:
             quantizer = quantizer_with(self._quantizer, remedies, gm)
-            prepared = qviz.prepare_pt2e(gm, quantizer)
-            qviz.calibrate(prepared, cal, progress=progress)
+            prepared = prepare_variant(gm, quantizer, cal, where="RepairSession", progress=progress)
             converted = qviz.convert_pt2e(prepared)
             quantized, post = converted, range(len(remedies))
         else:
@@ -323,8 +327,17 @@ class RepairSession:
         check_figures(report.output_sqnr, report.output_problem, report.metric,
                       f"RepairSession: {what}")  # fmt: skip
         diagnosis = diagnose(report, prepared, data=self._data, progress=progress)
-        return _State(remedies, tuple(records), gm, quantizer, prepared, converted, quantized,
-                      report, diagnosis)  # fmt: skip
+        return _State(
+            remedies=remedies,
+            records=tuple(records),
+            float_gm=gm,
+            quantizer=quantizer,
+            prepared=prepared,
+            converted=converted,
+            quantized=quantized,
+            report=report,
+            diagnosis=diagnosis,
+        )
 
     def apply(self, remedy: Any, **kwargs: Any) -> RepairStep:
         """Apply ``remedy``, rebuild and re-measure; the step is added to :attr:`history`.
@@ -370,10 +383,17 @@ class RepairSession:
                 raise type(e)(why + str(e)) from e
             raise QvizError(f"{why}{type(e).__name__}: {e}") from e
         step = RepairStep(
-            r.name, r.arguments, r.scope, new.records[-1], _layers(state.report, new.report),
-            float(state.report.output_sqnr), float(new.report.output_sqnr),
-            state.report.metric, new.report.metric, time.perf_counter() - start,
-        )  # fmt: skip
+            remedy=r.name,
+            arguments=r.arguments,
+            scope=r.scope,
+            transforms=new.records[-1],
+            layers=_layers(state.report, new.report),
+            output_sqnr_before=float(state.report.output_sqnr),
+            output_sqnr_after=float(new.report.output_sqnr),
+            metric_before=state.report.metric,
+            metric_after=new.report.metric,
+            seconds=time.perf_counter() - start,
+        )
         self._states.append(new)
         self._steps.append(step)
         return step

@@ -8,8 +8,10 @@ about 650 px wide.
 Example:
     >>> import math
     >>> from qviz.numeric.repair.session import RepairStep
-    >>> step = RepairStep("fallback", (), (), (), (("relu", 30.0, math.nan, 28.0, 33.25),),
-    ...                   28.0, 31.5, None, None, 0.1)
+    >>> step = RepairStep(remedy="fallback", arguments=(), scope=(), transforms=(), layers=(("relu",
+    ...     30.0, math.nan, 28.0, 33.25),),
+    ...                   output_sqnr_before=28.0, output_sqnr_after=31.5, metric_before=None,
+    ...                   metric_after=None, seconds=0.1)
     >>> page = step_html(step)
     >>> "+3.5 dB" in page, ">33.2<" in page, "cumulative Δ" in page
     (True, True, True)
@@ -57,7 +59,9 @@ def step_html(step: Any) -> str:
 
     Example:
         >>> from qviz.numeric.repair.session import RepairStep
-        >>> "<table" in step_html(RepairStep("fallback", (), (), (), (), 1.0, 2.0, None, None, 0))
+        >>> "<table" in step_html(RepairStep(remedy="fallback", arguments=(), scope=(),
+        ...     transforms=(), layers=(), output_sqnr_before=1.0, output_sqnr_after=2.0,
+        ...     metric_before=None, metric_after=None, seconds=0))
         False
     """
     parts = [

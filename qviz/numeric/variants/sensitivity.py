@@ -43,14 +43,18 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.inputs import checked_batches, measured_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
 from qviz.engine.quantizers.fallback import FallbackQuantizer, module_path
 from qviz.errors import ConfigError
 from qviz.numeric.measure.progress import progress_bar
-from qviz.numeric.variants.variants import VariantScorer, quantize_variant, quantized_ops
+from qviz.numeric.variants.variants import (
+    VariantScorer,
+    quantize_variant,
+    quantized_ops,
+    variant_batches,
+)
 
 _MODES = ("fallback", "solo")
 
@@ -193,11 +197,10 @@ def _setup(
     _check_graph(exported_model, "sensitivity")
     if mode not in _MODES:
         raise ConfigError(f"sensitivity(mode={mode!r}): choose one of {list(_MODES)}")
-    batches = measured_batches(data, "sensitivity", allow_empty=True)  # finite; a shard: maybe none
-    calibration = batches
-    if calibration_data is not None:
-        where = "sensitivity(calibration_data=...)"
-        calibration = checked_batches(calibration_data, exported_model, where)
+    # finite; a shard: maybe none
+    batches, calibration = variant_batches(
+        data, calibration_data, exported_model, "sensitivity", allow_empty=True
+    )
     evaluator = VariantScorer(exported_model, batches, metric, "sensitivity", shard)
     return evaluator, calibration, qviz.prepare_pt2e(exported_model, quantizer)
 
@@ -280,11 +283,8 @@ def compare_configs(
         )
     from qviz.numeric.compare.compare import compare
 
-    batches = checked_batches(data, exported_model, "compare_configs")
-    calibration = batches
-    if calibration_data is not None:
-        where = "compare_configs(calibration_data=...)"
-        calibration = checked_batches(calibration_data, exported_model, where)
+    batches, calibration = variant_batches(data, calibration_data, exported_model,
+                                           "compare_configs")  # fmt: skip
     frames, output_sqnr = [], {}
     for name, config in progress_bar(list(configs.items()), progress, "configs"):
         quantized = quantize_variant(exported_model, _quantizer_of(name, config), calibration)

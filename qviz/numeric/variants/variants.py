@@ -9,7 +9,14 @@ the dozen.
   never ranked or searched on.
 * :func:`quantize_variant` prepares a variant, fills its observers from an
   :class:`~qviz.engine.pt2e.observer_reuse.ObserverReuse` where each has a calibrated twin
-  (the same statistics without a pass) or calibrates it, and converts it.
+  (the same statistics without a pass) or calibrates it, and converts it:
+  :func:`prepare_variant` stops before the convert, for callers that keep the prepared model.
+* :func:`variant_batches` is the evaluation / calibration data of every entry point that builds
+  variants (``calibration_data`` checked, or ``data`` when it is None).
+
+Every variant built in qviz is built here: sensitivity, compare_configs, search_precision,
+RepairSession, the numeric dashboard's fallbacks, the ``qviz`` command and
+:func:`qviz.data.quantize_digits`.
 
 Example:
     >>> import torch, qviz
@@ -34,7 +41,7 @@ import torch
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.inputs import bind_batch, call_model
+from qviz.engine.graph.inputs import bind_batch, call_model, measured_batches
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
 from qviz.errors import ConfigError
 from qviz.numeric.measure.batches import batch_size, metric_value
@@ -126,13 +133,66 @@ class VariantScorer:
         return self._merged(lambda: self._sums(model)).checked(f"{self.where}: {label}")
 
 
+def variant_batches(
+    data: Any, calibration_data: Any, model: Any, where: str, *, allow_empty: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """THE batches of an entry point that builds variants: ``(evaluation, calibration)``.
+
+    ``data`` is measured (:func:`~qviz.engine.graph.inputs.measured_batches`: finite, and at
+    least one unless ``allow_empty``); ``calibration_data`` is checked the same way and is what
+    variants calibrate on, or ``data`` itself when it is None. Every batch of both is bound to
+    ``model`` first (when given), so a batch that does not fit stops the entry point, named,
+    before anything runs.
+
+    Args:
+        data: the evaluation batches.
+        calibration_data: the calibration batches, or None to calibrate on ``data``.
+        model: the model the batches must bind to (the float graph), or None.
+        where: the entry point, for messages (``"sensitivity"``).
+        allow_empty: no batch is fine (a rank's shard, when the entry point checks that some
+            rank had data).
+
+    Raises:
+        CalibrationError: no batch, or a non-finite value (named by batch and tensor).
+        ConfigError: a batch that does not bind to ``model`` (named).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> evaluation, calibration = variant_batches([torch.randn(8, 4)], None, model, "demo")
+        >>> calibration is evaluation
+        True
+        >>> nan = torch.full((8, 4), float("nan"))
+        >>> variant_batches([torch.randn(8, 4)], [nan], model, "demo")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        qviz.errors.CalibrationError: demo(calibration_data=...): batch 0: batch holds 32 non-fin...
+    """
+    batches = _bound(measured_batches(data, where, allow_empty=allow_empty), model, where)
+    if calibration_data is None:
+        return batches, batches
+    where = f"{where}(calibration_data=...)"
+    return batches, _bound(measured_batches(calibration_data, where, allow_empty=allow_empty),
+                           model, where)  # fmt: skip
+
+
+def _bound(batches: list[Any], model: Any, where: str) -> list[Any]:
+    """``batches``, each checked to bind to ``model`` first (named ``"{where}: batch i"``)."""
+    if model is not None:
+        for index, batch in enumerate(batches):
+            bind_batch(model, batch, f"{where}: batch {index}")
+    return batches
+
+
 def prepare_variant(
     gm: GraphModule,
     quantizer: Any,
-    calibration: list[Any],
+    calibration: Any,
     group: Any = False,
     reuse: ObserverReuse | None = None,
     where: str = "sensitivity",
+    *,
+    progress: bool = False,
 ) -> GraphModule:
     """Prepare (every rank's prepare exchanged first: one that fails is named on every rank)
     and calibrate over every rank, or take ``reuse``'s copies where every observer has one
@@ -160,17 +220,19 @@ def prepare_variant(
     if reuse is None or not reuse.fill(prepared):
         if reuse is not None:
             reuse.add(prepared)  # before calibrating: its observers' starting state
-        qviz.calibrate(prepared, calibration, progress=False, group=group)
+        qviz.calibrate(prepared, calibration, progress=progress, group=group)
     return prepared
 
 
 def quantize_variant(
     gm: GraphModule,
     quantizer: Any,
-    calibration: list[Any],
+    calibration: Any,
     group: Any = False,
     reuse: ObserverReuse | None = None,
     where: str = "sensitivity",
+    *,
+    progress: bool = False,
 ) -> GraphModule:
     """:func:`prepare_variant`, then convert.
 
@@ -185,7 +247,8 @@ def quantize_variant(
     """
     import qviz
 
-    return qviz.convert_pt2e(prepare_variant(gm, quantizer, calibration, group, reuse, where))
+    prepared = prepare_variant(gm, quantizer, calibration, group, reuse, where, progress=progress)
+    return qviz.convert_pt2e(prepared)
 
 
 def quantized_ops(prepared_plan: Any, gm: GraphModule) -> list[str]:

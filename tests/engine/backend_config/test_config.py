@@ -124,7 +124,12 @@ def test_torch_aos_shipped_backend_configs_are_read_whole(name):
         (lambda: BackendPatternConfig((nn.Conv2d,)), r"two or more elements"),
         (lambda: DTypeConfig(), r"names no dtype"),
         (lambda: DTypeConfig(input_dtype="quint8"), r"input_dtype must be a torch.dtype"),
-        (lambda: DTypeWithConstraints(torch.quint8, 10, 5), r"quant_min_lower_bound=10"),
+        (
+            lambda: DTypeWithConstraints(
+                dtype=torch.quint8, quant_min_lower_bound=10, quant_max_upper_bound=5
+            ),
+            r"quant_min_lower_bound=10",
+        ),
         (lambda: BackendPatternConfig(nn.ReLU).set_observation_type("SHARED"), r"ObservationType"),
         (lambda: BackendConfig().set_backend_pattern_config(BackendPatternConfig()), r"no pattern"),
         (lambda: BackendPatternConfig(nn.ReLU).set_root_module(torch.relu), r"Module class"),

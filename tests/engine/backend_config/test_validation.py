@@ -100,11 +100,11 @@ _QCONFIG = constrained_qconfig(QConfig)
             r"bias_dtype=torch.qint32, weight_dtype=float32\): a quantized bias .* both must",
         ),
         (
-            lambda: DTypeWithConstraints(torch.quint8, quant_min_lower_bound="0"),
+            lambda: DTypeWithConstraints(dtype=torch.quint8, quant_min_lower_bound="0"),
             r"quant_min_lower_bound='0'\): give a number",
         ),
         (
-            lambda: DTypeWithConstraints(torch.quint8, scale_exact_match=1 / 256),
+            lambda: DTypeWithConstraints(dtype=torch.quint8, scale_exact_match=1 / 256),
             r"fixed qparams need both",
         ),
         (lambda: BackendConfig(3), r"BackendConfig\(name=3\): the name is a string"),

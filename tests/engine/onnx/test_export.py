@@ -114,11 +114,11 @@ def _convert(model, example, calibration, config):
 def _activation_config(dtype, quant_min, quant_max) -> QuantizationConfig:
     """XNNPACK's per-channel int8 weights with a custom activation range."""
     act = QuantizationSpec(
-        dtype,
-        HistogramObserver.with_args(eps=2**-12),
-        quant_min,
-        quant_max,
-        torch.per_tensor_affine,
+        dtype=dtype,
+        observer_or_fake_quant_ctr=HistogramObserver.with_args(eps=2**-12),
+        quant_min=quant_min,
+        quant_max=quant_max,
+        qscheme=torch.per_tensor_affine,
     )
     weight = get_symmetric_quantization_config(is_per_channel=True).weight
     return QuantizationConfig(act, act, weight, None)

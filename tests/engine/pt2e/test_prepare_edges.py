@@ -19,9 +19,12 @@ from qviz.engine.specs import QuantizationAnnotation, QuantizationSpec
 from qviz.errors import AnnotationError, ConfigError
 
 SPEC = QuantizationSpec(
-    torch.int8, MinMaxObserver.with_args(dtype=torch.qint8), -128, 127,
-    torch.per_tensor_symmetric,
-)  # fmt: skip
+    dtype=torch.int8,
+    observer_or_fake_quant_ctr=MinMaxObserver.with_args(dtype=torch.qint8),
+    quant_min=-128,
+    quant_max=127,
+    qscheme=torch.per_tensor_symmetric,
+)
 
 
 class EveryInput:
@@ -150,12 +153,12 @@ class _ActivationPerChannel:
         from qviz.engine.observers import PerChannelMinMaxObserver
 
         spec = QuantizationSpec(
-            torch.int8,
-            PerChannelMinMaxObserver,
-            -128,
-            127,
-            torch.per_channel_symmetric,
-            self.axis,
+            dtype=torch.int8,
+            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
+            quant_min=-128,
+            quant_max=127,
+            qscheme=torch.per_channel_symmetric,
+            ch_axis=self.axis,
         )
         for n in gm.graph.nodes:
             if n.target == torch.ops.aten.linear.default:

@@ -352,7 +352,9 @@ def test_a_torchao_per_channel_spec_without_ch_axis_uses_axis_0_as_torchao_with_
     _assert_same_conversion(ref, ours, batches)
     with pytest.raises(ConfigError, match="needs ch_axis"):
         qviz.engine.specs.QuantizationSpec(
-            torch.int8, FusedMovingAvgObsFakeQuantize, qscheme=torch.per_channel_symmetric
+            dtype=torch.int8,
+            observer_or_fake_quant_ctr=FusedMovingAvgObsFakeQuantize,
+            qscheme=torch.per_channel_symmetric,
         )
 
 
@@ -389,9 +391,20 @@ class _DerivedBiasQuantizer(ref_quantizer.Quantizer):
             dtype=torch.quint8,
             qscheme=scheme,
         )
-        act = QuantizationSpec(torch.uint8, tfq.default_fake_quant, 0, 255, torch.per_tensor_affine)
+        act = QuantizationSpec(
+            dtype=torch.uint8,
+            observer_or_fake_quant_ctr=tfq.default_fake_quant,
+            quant_min=0,
+            quant_max=255,
+            qscheme=torch.per_tensor_affine,
+        )
         weight = QuantizationSpec(
-            torch.uint8, weight_fq, 0, 255, scheme, 0 if self.per_channel else None
+            dtype=torch.uint8,
+            observer_or_fake_quant_ctr=weight_fq,
+            quant_min=0,
+            quant_max=255,
+            qscheme=scheme,
+            ch_axis=0 if self.per_channel else None,
         )
         bias = DerivedQuantizationSpec(
             derived_from=[(conv.args[0], conv), (conv.args[1], conv)],

@@ -11,7 +11,13 @@ from tests.helpers.tutorial_quantizers import TwoConvCat
 
 
 def _spec(quant_min: int = -128, quant_max: int = 127) -> QuantizationSpec:
-    return QuantizationSpec(torch.int8, object, quant_min, quant_max, torch.per_tensor_affine)
+    return QuantizationSpec(
+        dtype=torch.int8,
+        observer_or_fake_quant_ctr=object,
+        quant_min=quant_min,
+        quant_max=quant_max,
+        qscheme=torch.per_tensor_affine,
+    )
 
 
 A, B = _spec(), _spec(-127, 127)

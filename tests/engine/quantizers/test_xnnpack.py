@@ -344,7 +344,12 @@ def test_sigmoid_tanh_softmax_get_fixed_qparams(
     nodes = _qviz(name)
     a = nodes[name].meta[KEY]
     assert a.output_qspec == FixedQParamsQuantizationSpec(
-        torch.int8, scale, zero_point, -128, 127, torch.per_tensor_affine
+        dtype=torch.int8,
+        scale=scale,
+        zero_point=zero_point,
+        quant_min=-128,
+        quant_max=127,
+        qscheme=torch.per_tensor_affine,
     )
     act = get_symmetric_quantization_config().input_activation
     assert {k: compare.spec_key(v) for k, v in a.input_qspec_map.items()} == {

@@ -22,7 +22,7 @@ def test_defaults_match_the_toolkit():
     d = QuantDescriptor()
     assert (d.num_bits, d.name, d.fake_quant, d.axis, d.amax) == (8, None, True, None, None)
     assert (d.unsigned, d.narrow_range, d.calib_method) == (False, False, "max")
-    assert QuantDescriptor(4, "w").name == "w"  # num_bits and name may be positional
+    assert QuantDescriptor(num_bits=4, name="w").name == "w"  # num_bits and name may be positional
 
 
 def test_predefined_descriptors():
@@ -63,10 +63,10 @@ def test_invalid_fields_raise_config_error(kwargs, match):
 
 
 def test_frozen_equal_hashable_and_serialisable():
-    a = QuantDescriptor(4, axis=0, amax=[1.0, 2.0])
-    b = QuantDescriptor(4, axis=(0,), amax=torch.tensor([1.0, 2.0]))
+    a = QuantDescriptor(num_bits=4, axis=0, amax=[1.0, 2.0])
+    b = QuantDescriptor(num_bits=4, axis=(0,), amax=torch.tensor([1.0, 2.0]))
     assert a == b and hash(a) == hash(b)
-    assert a != QuantDescriptor(4, axis=0, amax=[1.0, 3.0])
+    assert a != QuantDescriptor(num_bits=4, axis=0, amax=[1.0, 3.0])
     assert {a, b} == {a}
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.num_bits = 8
@@ -82,6 +82,6 @@ def test_amax_is_copied_not_shared():
 
 
 def test_repr_is_short_and_tensor_free():
-    assert repr(QuantDescriptor(4, axis=0, calib_method="mse", amax=[0.5, 1.5])) == (
+    assert repr(QuantDescriptor(num_bits=4, axis=0, calib_method="mse", amax=[0.5, 1.5])) == (
         "QuantDescriptor(num_bits=4, axis=(0,), calib_method='mse', amax=[0.5000, 1.5000](2))"
     )

@@ -58,8 +58,16 @@ def _finding(node: str, action: str) -> Finding:
     evidence = (("range_ratio", 123.456789), ("members", "conv2d_1, conv2d_2"),
                 ("bits", None), ("clipped", math.nan))  # fmt: skip
     prescription = Prescription(action, "qviz.engine.repair.cross_layer_equalization")
-    return Finding(node, "conv2d", Cause.OUTLIER_CHANNELS, evidence, prescription, 3.14159,
-                   "local_sqnr", 21.8586)  # fmt: skip
+    return Finding(
+        node=node,
+        op="conv2d",
+        cause=Cause.OUTLIER_CHANNELS,
+        evidence=evidence,
+        prescription=prescription,
+        sqnr=3.14159,
+        figure="local_sqnr",
+        severity=21.8586,
+    )
 
 
 def test_the_diagnosis_view_wraps_its_text_columns():
@@ -79,7 +87,18 @@ def test_the_diagnosis_view_wraps_its_text_columns():
 def test_the_repair_step_view_and_its_narrowed_table():
     layers = (("conv2d", 10.0, 30.0, 9.0, 29.0), ("relu", 20.0, 21.0, 9.5, 28.0),
               ("linear", 5.0, 5.0, 8.0, 27.12345))  # fmt: skip
-    step = RepairStep("per_channel", (), (), (), layers, 8.0, 27.0, 0.1, 0.95, 1.25)
+    step = RepairStep(
+        remedy="per_channel",
+        arguments=(),
+        scope=(),
+        transforms=(),
+        layers=layers,
+        output_sqnr_before=8.0,
+        output_sqnr_after=27.0,
+        metric_before=0.1,
+        metric_after=0.95,
+        seconds=1.25,
+    )
     page = step._repr_html_()
     assert len(_headers(page)) == 7 and "step.df" in page
     assert "+19 dB" in page and "metric 0.1 → 0.95" in page and ">27.1<" in page

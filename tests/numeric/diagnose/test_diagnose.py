@@ -302,7 +302,9 @@ def test_a_relus_exact_zeros_are_not_a_degenerate_range():
     assert all(f.cause is not Cause.DEGENERATE for f in strict), strict.df.to_string()
     from qviz.numeric.diagnose.rules import Context, _zero_shares
 
-    ctx = Context({}, prepared, prepared.plan, 200.0, 10.0)
+    ctx = Context(
+        rows={}, prepared=prepared, plan=prepared.plan, threshold_db=200.0, outlier_factor=10.0
+    )
     rec = next(r for r in ctx.records("linear_1") if r.tensor.consumer == "linear_1"
                and r.tensor.producer == "relu")  # fmt: skip
     before, after, _, _ = _zero_shares(ctx, rec)

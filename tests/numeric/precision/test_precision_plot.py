@@ -18,11 +18,23 @@ def _result(evaluations=None, estimates=ESTIMATES, target="metric", limit=0.01, 
     front = tuple(FrontPoint(c, e, ()) for c, e in zip(COSTS, estimates, strict=True))
     if evaluations is None:
         evaluations = (
-            Evaluation(None, 17.5, 20.0, 0.70, False),
-            Evaluation(4, 20.0, 28.0, 0.985, False),
-            Evaluation(6, 22.0, 30.0, 0.994, True),
+            Evaluation(point=None, cost=17.5, output_sqnr=20.0, metric=0.70, meets=False),
+            Evaluation(point=4, cost=20.0, output_sqnr=28.0, metric=0.985, meets=False),
+            Evaluation(point=6, cost=22.0, output_sqnr=30.0, metric=0.994, meets=True),
         )
-    return PrecisionResult(target, limit, top, "KiB", (), (), (), (), front, evaluations, 6)
+    return PrecisionResult(
+        target=target,
+        limit=limit,
+        float_metric=top,
+        cost_unit="KiB",
+        units=(),
+        layers=(),
+        reference=(),
+        screened=(),
+        front=front,
+        evaluations=evaluations,
+        chosen=6,
+    )
 
 
 def test_the_front_spreads_over_most_of_the_height():
@@ -56,7 +68,9 @@ def test_the_cost_axis_ends_at_the_front_and_the_evaluations():
 
 
 def test_without_far_values_everything_is_on_the_scale():
-    result = _result(evaluations=(Evaluation(6, 22.0, 30.0, 0.994, True),))
+    result = _result(
+        evaluations=(Evaluation(point=6, cost=22.0, output_sqnr=30.0, metric=0.994, meets=True),)
+    )
     ax = pareto_plot(result).axes[0]
     assert len(ax.texts) == 0 and min(ESTIMATES) > ax.get_ylim()[0]
 
@@ -71,8 +85,13 @@ def test_nothing_meeting_the_target_shows_the_whole_front():
 
 def test_sqnr_plots_keep_their_clickable_ids():
     estimates = [20.0 + 2 * i for i in range(len(COSTS))]
-    result = _result(evaluations=(Evaluation(6, 22.0, 5.0, None, False),), estimates=estimates,
-                     target="output_sqnr", limit=40.0, top=None)  # fmt: skip
+    result = _result(
+        evaluations=(Evaluation(point=6, cost=22.0, output_sqnr=5.0, metric=None, meets=False),),
+        estimates=estimates,
+        target="output_sqnr",
+        limit=40.0,
+        top=None,
+    )
     fig = pareto_plot(result, selected=3)
     assert [t.get_text() for t in fig.axes[0].texts] == ["measured 5 ↓"]
     buffer = io.StringIO()

@@ -129,10 +129,20 @@ def requantize(
         tensor([33,  3], dtype=torch.int8)
     """
     scaled = acc.to(torch.float64) * multiplier
-    return _round_clamp(scaled, _Output(1.0, zero_point, quant_min, quant_max, dtype, relu))
+    return _round_clamp(
+        scaled,
+        _Output(
+            scale=1.0,
+            zero_point=zero_point,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            dtype=dtype,
+            relu=relu,
+        ),
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Output:
     """The output side shared by every kernel: qparams, integer range, dtype, fused relu."""
 
@@ -204,7 +214,14 @@ def quantized_add(
     x = shift(x_q, torch.as_tensor(x_zero_point), "x_q").to(torch.float64)
     y = shift(y_q, torch.as_tensor(y_zero_point), "y_q").to(torch.float64)
     value = x * (float(x_scale) / float(out_scale)) + y * (float(y_scale) / float(out_scale))
-    out = _Output(out_scale, out_zero_point, quant_min, quant_max, out_dtype, relu)
+    out = _Output(
+        scale=out_scale,
+        zero_point=out_zero_point,
+        quant_min=quant_min,
+        quant_max=quant_max,
+        dtype=out_dtype,
+        relu=relu,
+    )
     return _round_clamp(value, out)
 
 
@@ -258,7 +275,14 @@ def quantized_max_pool2d(
     pooled = torch.nn.functional.max_pool2d(
         x, kernel_size, stride or None, padding, dilation, ceil_mode=ceil_mode
     )
-    out = _Output(out_scale, out_zero_point, quant_min, quant_max, out_dtype, False)
+    out = _Output(
+        scale=out_scale,
+        zero_point=out_zero_point,
+        quant_min=quant_min,
+        quant_max=quant_max,
+        dtype=out_dtype,
+        relu=False,
+    )
     return _round_clamp(pooled * (float(x_scale) / float(out_scale)), out)
 
 

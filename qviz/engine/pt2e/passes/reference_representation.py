@@ -163,7 +163,14 @@ def quantized_linear(
     x = shift(x_q, torch.as_tensor(x_zero_point), "x_q")
     w = shift(w_q, per_channel(w_zero_point, 1, torch.int64), "w_q")
     acc = exact_linear(x, w)
-    out = _Output(out_scale, out_zero_point, quant_min, quant_max, out_dtype, relu)
+    out = _Output(
+        scale=out_scale,
+        zero_point=out_zero_point,
+        quant_min=quant_min,
+        quant_max=quant_max,
+        dtype=out_dtype,
+        relu=relu,
+    )
     return _finish(acc, bias, x_scale, w_scale, out, dims_after=0)
 
 
@@ -221,7 +228,14 @@ def quantized_conv1d(
         >>> quantized_conv1d(x_q, 1.0, 0, w_q, 1.0, 0, None, 1.0, 0)
         tensor([[[3, 5]]], dtype=torch.int8)
     """
-    out = _Output(out_scale, out_zero_point, quant_min, quant_max, out_dtype, relu)
+    out = _Output(
+        scale=out_scale,
+        zero_point=out_zero_point,
+        quant_min=quant_min,
+        quant_max=quant_max,
+        dtype=out_dtype,
+        relu=relu,
+    )
     return _quantized_conv(
         torch.nn.functional.conv1d,
         1,
@@ -286,7 +300,14 @@ def quantized_conv2d(
         ...                  1.0, 0).flatten()
         tensor([4, 8], dtype=torch.int8)
     """
-    out = _Output(out_scale, out_zero_point, quant_min, quant_max, out_dtype, relu)
+    out = _Output(
+        scale=out_scale,
+        zero_point=out_zero_point,
+        quant_min=quant_min,
+        quant_max=quant_max,
+        dtype=out_dtype,
+        relu=relu,
+    )
     return _quantized_conv(
         torch.nn.functional.conv2d,
         2,
