@@ -317,9 +317,10 @@ _PAIR_SAFE_CODES = 128
 
 
 def saturating_nodes(converted: GraphModule) -> list[str]:
-    """The conv / linear nodes of ``converted`` whose input grid spans more than 128 codes:
-    where the uint8 x int8 kernels of a CPU without VNNI add neighbouring products in 16-bit
-    sums, those can saturate (255 x 127 x 2 = 64770 > 32767).
+    """The conv / linear nodes of ``converted`` whose uint8 input grid spans more than 128
+    codes: where the uint8 x int8 kernels of a CPU without VNNI add neighbouring products in
+    16-bit sums, those can saturate (255 x 127 x 2 = 64770 > 32767). Int8 activations are not
+    counted: oneDNN takes none, and the compile's own error names the quantizer to use.
 
     Example:
         >>> saturating_nodes(torch.fx.symbolic_trace(torch.nn.ReLU()))
@@ -334,9 +335,69 @@ def saturating_nodes(converted: GraphModule) -> list[str]:
         if not isinstance(source, Node) or "dequantize" not in str(source.target):
             continue
         low, high = source.args[3:5] if len(source.args) >= 5 else (0, 255)
+        if len(source.args) >= 6 and source.args[5] != torch.uint8:
+            continue
         if isinstance(low, int) and isinstance(high, int) and high - low + 1 > _PAIR_SAFE_CODES:
             found.append(node.name)
     return found
+
+
+_FULL_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
+
+
+def clamp_to_grid(gm: GraphModule) -> int:
+    """Clamp, in float, the input of every per-tensor quantize whose grid is narrower than its
+    dtype (``reduce_range``'s 0..127 in uint8) to that grid's range; the count clamped.
+
+    The reference clamps the codes to ``quant_min..quant_max``; oneDNN's fused int8 kernels
+    take only a scale and a zero point and saturate to the whole dtype, so a value beyond the
+    calibrated range became code 157 where the reference has 127 (measured: 30 steps at the
+    digits model's first conv), and on a CPU without VNNI the next layer's 16-bit sums met the
+    full 0..255 grid again. A float clamp to ``[(quant_min - zp) * scale, (quant_max - zp) *
+    scale]`` before the quantize gives the reference's codes exactly (a value within the range
+    is untouched; one beyond it rounds to the bound), and Inductor fuses it into the kernel as
+    a ``hardtanh`` post-op: a ReLU that only feeds the quantize becomes that hardtanh. Edits
+    ``gm`` (the lowering's own copy) in place.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import X86InductorQuantizer
+        >>> from qviz.engine.quantizers import get_default_x86_inductor_quantization_config as cfg
+        >>> x = torch.randn(4, 8)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        >>> quantizer = X86InductorQuantizer().set_global(cfg(reduce_range=True))
+        >>> prepared = qviz.prepare_pt2e(qviz.export(model, (x,)), quantizer)
+        >>> converted = qviz.convert_pt2e(qviz.calibrate(prepared, [x], progress=False))
+        >>> clamp_to_grid(converted)  # the input's quantize (the model's output stays float)
+        1
+        >>> torch.ops.aten.hardtanh.default in {n.target for n in converted.graph.nodes}
+        True
+    """
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    graph, count = gm.graph, 0
+    for node in list(graph.nodes):
+        if node.target != quantize or len(node.args) < 6:
+            continue
+        source, scale, zero_point, low, high, dtype = node.args[:6]
+        full = _FULL_RANGE.get(dtype)
+        if full is None or (low, high) == full or not isinstance(source, Node):
+            continue
+        if not all(isinstance(v, (int, float)) for v in (scale, zero_point, low, high)):
+            continue  # qparams held in tensors: not a constant clamp
+        lo, hi = (low - zero_point) * scale, (high - zero_point) * scale
+        if source.target == torch.ops.aten.relu.default and len(source.users) == 1:
+            source.target = torch.ops.aten.hardtanh.default
+            source.args = (source.args[0], max(0.0, lo), hi)
+        else:
+            with graph.inserting_before(node):
+                clamp = graph.call_function(torch.ops.aten.hardtanh.default, (source, lo, hi))
+            clamp.meta = dict(source.meta)
+            node.replace_input_with(source, clamp)
+        count += 1
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count
 
 
 def _int_format(converted: GraphModule) -> IntegerFormat:
@@ -354,7 +415,8 @@ def _int_format(converted: GraphModule) -> IntegerFormat:
             f"kernels add pairs of uint8 x int8 products in saturating 16-bit sums (no VNNI), "
             f"and {shown} read activations on a full 0..255 grid, which can overflow them: "
             f"quantize with get_default_x86_inductor_quantization_config(reduce_range=True) "
-            f"(7-bit activations, exact here), or lower with backend='onnxruntime' or 'xnnpack'"
+            f"(7-bit activations: no pair overflows here), or lower with backend='onnxruntime' "
+            f"or 'xnnpack'"
         )
     return IntegerFormat(
         "U8S8 (7-bit activations)",
@@ -371,6 +433,7 @@ def lower_inductor(
     int_format = _int_format(converted)
     _passes()
     model = copy.deepcopy(converted)  # Inductor's freezing never touches the caller's weights
+    clamp_to_grid(model)
     dynamic = dynamic_batch
     try:
         try:
@@ -383,6 +446,7 @@ def lower_inductor(
             # a symbolic size): each new batch size compiles its own static program, on a fresh
             dynamic = False
             model = copy.deepcopy(converted)  # copy: dynamo caches on the forward's code
+            clamp_to_grid(model)
             compiled, capture, graph, code = _compile(model, example_inputs, False)
     except (ConfigError, LoweringError):
         raise

@@ -157,40 +157,48 @@ def choose(machine_class: str = "", given_int8: bool = False) -> OrtFormat:
     return OrtFormat("U8U8", False, ok, f"{overflow}: weights stated as uint8 (+128), U8U8")
 
 
-def session_options(*, optimize: bool = True, threads: int | None = None) -> Any:
-    """onnxruntime ``SessionOptions`` under which a QDQ file with int8 weights (what
-    :func:`qviz.export_onnx` writes) computes exactly on this machine.
+def exact_session(model: Any, *, optimize: bool = True, threads: int | None = None) -> Any:
+    """An onnxruntime session of a QDQ model (what :func:`qviz.export_onnx` writes) that
+    computes it exactly on this machine.
 
     With graph optimisations on, onnxruntime fuses the QDQ pairs into its integer kernels; where
-    their U8S8 format saturates (x86 without VNNI: :func:`choose`), the options turn on
-    onnxruntime's precision mode (``session.x64quantprecision``), which computes the same file
-    as U8U8. With ``optimize=False`` every QuantizeLinear / DequantizeLinear runs as written
-    (float kernels between them): exact everywhere, slower.
+    their U8S8 format saturates (x86 without VNNI, measured by :func:`exact`), the session runs
+    a copy whose int8 weights are restated as uint8 (:func:`uint8_weights`: the same values, the
+    U8U8 format onnxruntime documents as free of that overflow); the file is left as it is. With
+    ``optimize=False`` every QuantizeLinear / DequantizeLinear runs as written: exact everywhere,
+    slower.
 
     Args:
+        model: an ``onnx.ModelProto`` or the path of an ``.onnx`` file.
         optimize: onnxruntime's full graph optimisations (its integer kernels).
         threads: intra-op threads (None: onnxruntime's default).
 
     Example:
-        >>> options = session_options()
-        >>> options.graph_optimization_level.name
-        'ORT_ENABLE_ALL'
+        >>> session = exact_session(probe_model())
+        >>> import numpy as np
+        >>> out = session.run(None, {"x": np.full((4, 64, 2, 2), 255.0, np.float32)})
+        >>> [int(np.rint(o / (64 * 255 * 127 / 250)).max()) for o in out]  # never saturated
+        [250, 250]
     """
     ort = importlib.import_module("onnxruntime")
+    onnx, _, _ = _helpers()
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    if optimize and not exact("int8"):
+        proto = onnx.ModelProto.FromString(proto.SerializeToString())  # a copy to restate
+        uint8_weights(proto)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     level = ort.GraphOptimizationLevel
     options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
     if threads is not None:
         options.intra_op_num_threads = threads
-    if optimize and choose(given_int8=True).precision_mode:
-        options.add_session_config_entry(PRECISION_MODE, "1")
-    return options
+    return ort.InferenceSession(proto.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
 def uint8_weights(model: Any) -> int:
     """Restate every int8 weight of ``model`` (an ``onnx.ModelProto``, edited in place) as
     uint8: each value and its zero point + 128, the same real values; how many were restated.
+    The int8 originals that nothing else reads are removed, so the file holds each weight once.
 
     A weight is a DequantizeLinear whose input is an int8 initializer.
 
@@ -203,8 +211,10 @@ def uint8_weights(model: Any) -> int:
         >>> g = helper.make_graph([helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"])],
         ...     "g", [], [helper.make_tensor_value_info("y", 1, [3])], [w, s, z])
         >>> m = helper.make_model(g)
-        >>> uint8_weights(m), numpy_helper.to_array(m.graph.initializer[-2]).tolist()
-        (1, [0, 128, 255])
+        >>> uint8_weights(m), [i.name for i in m.graph.initializer]
+        (1, ['s', 'w_u8w', 'z_u8w'])
+        >>> numpy_helper.to_array(m.graph.initializer[1]).tolist()
+        [0, 128, 255]
     """
     from onnx import TensorProto, numpy_helper
 
@@ -230,6 +240,10 @@ def uint8_weights(model: Any) -> int:
                 restated[name] = f"{name}_u8w"
             node.input[slot] = restated[name]
         count += 1
+    used = {name for node in graph.node for name in node.input}
+    for name in restated:  # the int8 originals no node reads any more: not stored twice
+        if name and name not in used and name in initializers:
+            graph.initializer.remove(initializers[name])
     return count
 
 

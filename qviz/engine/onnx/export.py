@@ -137,10 +137,10 @@ class OnnxExport:
 
         onnxruntime's integer kernels on x86 without VNNI (AVX2, AVX-512 without VNNI)
         saturate 16-bit sums when they meet int8 weights, so a plain ``InferenceSession`` of
-        the file can be many quantization steps off there; this session turns on
-        onnxruntime's precision mode on such a machine
-        (:func:`qviz.engine.lower.ort_format.session_options`), as :func:`qviz.lower` does.
-        For a session of your own, pass those options to ``onnxruntime.InferenceSession``.
+        the file can be many quantization steps off there; on such a machine this session runs
+        a copy with the weights restated as uint8, the same values in the format onnxruntime
+        computes exactly (:func:`qviz.engine.lower.ort_format.exact_session`), as
+        :func:`qviz.lower` does. The file is left as it is.
 
         Args:
             optimize: onnxruntime's graph optimisations (its fused integer kernels); False
@@ -160,11 +160,10 @@ class OnnxExport:
             >>> session.run(None, {session.get_inputs()[0].name: x.numpy()})[0].shape
             (4, 4)
         """
-        ort = _import("onnxruntime")
-        from qviz.engine.lower.ort_format import session_options
+        _import("onnxruntime")
+        from qviz.engine.lower.ort_format import exact_session
 
-        options = session_options(optimize=optimize, threads=threads)
-        return ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        return exact_session(self.model, optimize=optimize, threads=threads)
 
 
 def _import(name: str) -> Any:

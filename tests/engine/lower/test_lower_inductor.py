@@ -105,7 +105,8 @@ def test_digits_outputs_stay_within_one_step_of_the_reference(digits):
     """oneDNN requantizes each conv's int32 accumulator with its own rounding; a one-step
     difference upstream moves the float output by less than one step of its input grid. Measured
     (AVX-512 VNNI, torch 2.14.1): 4 of the 1,800 outputs of the calibration split are one step
-    away, none more; the bound leaves room for other CPUs' kernels."""
+    away, none more; AVX2 (7-bit activations, clamped to their grid by the lowering): 8, none
+    more. The bound leaves room for other CPUs' kernels."""
     converted, batches, lowered, _ = digits
     differing = total = 0
     for x in batches:
@@ -201,6 +202,29 @@ def test_compare_lowered_compares_the_model_outputs(digits):
     converted, batches, lowered, _ = digits
     result = qviz.numeric.compare_lowered(converted, lowered, batches[:2])
     assert result.granularity == "model outputs" and result.first_departure is None
+
+
+@pytest.mark.parametrize("clamped", [True, False])
+def test_values_beyond_a_7_bit_grid_are_clamped_where_the_reference_clamps_them(
+    clamped, monkeypatch
+):
+    """reduce_range's activations use codes 0..127 of uint8; oneDNN's fused kernels saturate
+    to 0..255, so without the lowering's clamp a value beyond the calibrated range departs from
+    the reference by as many steps as it lies beyond (on every CPU); with it, none does."""
+    from qviz.numeric import bisect_lowering
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 6 * 6, 4))  # fmt: skip
+    calibration = [torch.randn(4, 3, 10, 10)]
+    x = 4 * torch.randn(4, 3, 10, 10)  # far beyond the calibrated ranges
+    config = get_default_x86_inductor_quantization_config(reduce_range=True)
+    converted = _convert(model, calibration, X86InductorQuantizer().set_global(config), False)
+    if not clamped:
+        monkeypatch.setattr(inductor_lowering, "clamp_to_grid", lambda gm: 0)
+    lowered = qviz.lower(converted, (x,), backend="inductor")
+    result = bisect_lowering(converted, lowered, x)
+    assert result.agrees if clamped else result.first_departure["max_steps"] > 10
 
 
 def test_int8_activations_name_the_failing_operator_and_the_quantizer():

@@ -29,6 +29,7 @@ from torch import nn
 
 import qviz
 from qviz.engine.compat import quantized_decomposed
+from qviz.engine.lower.ort_format import exact_session
 from qviz.engine.observers import HistogramObserver
 from qviz.engine.onnx.export import export_onnx
 from qviz.engine.onnx.pt2e import onnx_ready_copy
@@ -58,11 +59,9 @@ def _session(model, *, optimize=False, outputs=()):
     for name in dict.fromkeys(outputs):
         if name not in known:
             proto.graph.output.append(onnx.helper.make_value_info(name, onnx.TypeProto()))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    level = ort.GraphOptimizationLevel
-    options.graph_optimization_level = level.ORT_ENABLE_ALL if optimize else level.ORT_DISABLE_ALL
-    return ort.InferenceSession(proto.SerializeToString(), options, ["CPUExecutionProvider"])
+    # what OnnxExport.session() uses: exact on this CPU (uint8 weights where onnxruntime's fused
+    # uint8 x int8 kernels saturate, x86 without VNNI)
+    return exact_session(proto, optimize=optimize, threads=2)
 
 
 def _run(session, *inputs) -> dict[str, np.ndarray]:
@@ -509,9 +508,12 @@ def _steps_per_quantizer(result, model, x) -> dict[str, tuple[float, float]]:
     return steps
 
 
-# name: (builder, enabled quantizers, measured worst steps at any quantizer, share of values)
+# name: (builder, enabled quantizers, measured worst steps at any quantizer, share of values).
+# A value flips where torch's and onnxruntime's float kernels round a tie apart, so the share
+# depends on the CPU's kernels: digits measured 2.2e-4 (AVX-512 VNNI) and 5.2e-4 (AVX2); the
+# bound is one value in a thousand.
 QUANT_NN = {
-    "digits": (_quant_nn_digits, 14, 1, 2.2e-4),
+    "digits": (_quant_nn_digits, 14, 1, 1e-3),
     "resnet18": (lambda: _quant_nn_torchvision("resnet18"), 44, 7, 0.37),
     "mobilenet_v2": (lambda: _quant_nn_torchvision("mobilenet_v2"), 106, 2, 0.01),
 }
@@ -527,7 +529,9 @@ def test_quant_nn_models_export_one_qdq_pair_per_quantizer_and_run_in_onnxruntim
     with torch's, with its own upstream, in steps of that quantizer. On digits a value differs
     by at most one step, on at most 2.2e-4 of a tensor; in the random-weight torchvision models
     the flips of earlier layers grow deeper in (measured: resnet18 up to 7 steps at layer4,
-    mobilenet_v2 2). Every prediction is the same, with and without graph optimizations."""
+    mobilenet_v2 2). Every prediction of the trained digits model is the same, with and without
+    graph optimizations; the random-weight models' logits nearly tie, so a flip upstream may
+    move one prediction of 16 (seen on an AVX2 CPU)."""
     build, count, worst, share = QUANT_NN[name]
     model, x = build()
     enabled = [m for m in model.modules() if isinstance(m, TensorQuantizer) and not m._disabled]
@@ -542,4 +546,5 @@ def test_quant_nn_models_export_one_qdq_pair_per_quantizer_and_run_in_onnxruntim
     expected, _ = _quantizer_outputs(model, x)
     for optimize in (False, True):
         got = _output(result, x, optimize=optimize)
-        assert np.array_equal(got.argmax(1), expected.argmax(1))
+        same = int((got.argmax(1) == expected.argmax(1)).sum())
+        assert same == len(x) if name == "digits" else same >= len(x) - 1, (same, optimize)
