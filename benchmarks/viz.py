@@ -116,7 +116,8 @@ def main(argv: list[str]) -> None:
     print(f"{'target':18s} {'':6s} {'':7s} {OBSERVED_S:7.2f}  {COLLAPSED_S:7.2f}  {'':7s}  "
           f"{EDITOR_S:7.2f}")  # fmt: skip
     missed = [name for name in names if not measure(name, fx)]
-    print("\nfolded: edges drawn as 'from ...' reference boxes (qviz.viz.long_edges); ! = over")
+    print("\nfolded: edges drawn as 'from ...' reference boxes (qviz.viz.graph.long_edges);"
+          " ! = over")  # fmt: skip
     print("every target met" if not missed else f"targets missed by: {', '.join(missed)}")
 
 

@@ -68,6 +68,9 @@ PUBLIC_MODULES = {
     "qviz.numeric.precision",
     "qviz.numeric.qat",
     "qviz.viz",
+    "qviz.viz.graph",
+    "qviz.viz.ranges",
+    "qviz.viz.report",
     "qviz.widgets",
 }
 
@@ -155,7 +158,7 @@ def test_subpackages_load_on_first_attribute_access_after_a_plain_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:3] == [
         "[]",
-        "qviz.numeric.compare.compare qviz.viz.graphs",
+        "qviz.numeric.compare.compare qviz.viz.graph.graphs",
         "AnnotationEditor True",
     ]
     with pytest.raises(AttributeError, match="no attribute 'vizz'"):

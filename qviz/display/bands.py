@@ -31,7 +31,7 @@ from itertools import pairwise
 
 from qviz.errors import ConfigError
 
-#: ColorBrewer RdYlGn, light enough for black text; ``qviz.viz.dot.HEAT``, the gradient, runs
+#: ColorBrewer RdYlGn, light enough for black text; ``qviz.viz.graph.dot.HEAT``, the gradient, runs
 #: from the same red through the same yellow to the same green.
 RED, ORANGE, YELLOW, LIGHT_GREEN, GREEN = "#f46d43", "#fdae61", "#fee08b", "#d9ef8b", "#66bd63"
 

@@ -7,6 +7,13 @@ Each view reads records (the QuantPlan, observers' and calibrators' statistics) 
 object that renders itself: a :class:`QGraph` (SVG in Jupyter) or a matplotlib Figure.
 :func:`folded` shows a cell's output folded under a one-line summary (an exercise's solution).
 
+One folder per view that takes several modules, the imports pointing one way:
+{:mod:`~qviz.viz.graph`, :mod:`~qviz.viz.ranges`} <- :mod:`~qviz.viz.report`. The graph and
+the ranges never import each other; the report draws both. The views of one module each
+(:mod:`~qviz.viz.capabilities`, :mod:`~qviz.viz.folded`, :mod:`~qviz.viz.history_plot`,
+:mod:`~qviz.viz.model_explorer`) sit beside them and import no other view. The names ``graph``,
+``ranges`` and ``report`` here are the functions, not their folders.
+
 Example:
     >>> import torch, qviz
     >>> from qviz.viz import graph, histogram
@@ -17,15 +24,21 @@ Example:
     ['max', 'mse']
 """
 
+# Each topic's function is bound after its folder has loaded: ``qviz.viz.graph``, ``.ranges`` and
+# ``.report`` are the functions (the folders stay importable by their dotted paths).
 from qviz.viz.capabilities import capabilities
 from qviz.viz.folded import folded
-from qviz.viz.graphs import QGraph, graph
-from qviz.viz.histograms import histogram
+from qviz.viz.graph import QGraph, graph
 from qviz.viz.history_plot import history_plot
-from qviz.viz.html_report import report
 from qviz.viz.model_explorer import to_model_explorer
-from qviz.viz.range_view import ranges
-from qviz.viz.tensor_plots import clipping_tradeoff_plot, per_channel_gain_plot, ste_plot
+from qviz.viz.ranges import (
+    clipping_tradeoff_plot,
+    histogram,
+    per_channel_gain_plot,
+    ranges,
+    ste_plot,
+)
+from qviz.viz.report import report
 
 __all__ = [
     "QGraph",

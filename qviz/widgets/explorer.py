@@ -1,7 +1,7 @@
 """``CalibrationExplorer``: which range would each calibration method give this observer?
 
 Pick an observer (dropdown, or click its marker in the graph) and see its histogram with each
-method's range (:func:`qviz.viz.histograms.histogram_data`, drawn by the fast SVG renderer);
+method's range (:func:`qviz.viz.ranges.histograms.histogram_data`, drawn by the fast SVG renderer);
 switch method, move the percentile slider, try another bit width, and watch the lines, the
 clipped share and the SQNR table follow. "Use this range" makes the observer use the method
 (:func:`qviz.engine.pt2e.range_choice.choose_range`: recorded in the plan as the user's choice,
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qviz.errors import ConfigError, QvizError
-from qviz.viz.histograms import HistogramData
+from qviz.viz.ranges.histograms import HistogramData
 from qviz.widgets.explorer_sources import source_for
 from qviz.widgets.explorer_view import ExplorerView
 from qviz.widgets.view_owner import ViewOwner

@@ -45,7 +45,7 @@ from qviz.engine.tensor.calib import HistogramCalibrator, MaxCalibrator
 from qviz.engine.tensor.records import quantizer_records
 from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import ConfigError, closest_names
-from qviz.viz.histograms import HistogramData, QuantGrid, histogram_data
+from qviz.viz.ranges.histograms import HistogramData, QuantGrid, histogram_data
 
 #: Every method the explorer offers (a source offers those it can compute).
 METHODS = ("max", "percentile", "entropy", "mse", "l2")

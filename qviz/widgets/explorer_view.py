@@ -21,7 +21,7 @@ import html
 import math
 from typing import Any, Protocol
 
-from qviz.viz.histogram_svg import FONT_SIZE, histogram_svg, rows_html
+from qviz.viz.ranges.histogram_svg import FONT_SIZE, histogram_svg, rows_html
 from qviz.widgets.graph_panel import FoldedGraph
 from qviz.widgets.layout import MIN_TEXT_PX, row, scrolling, split
 

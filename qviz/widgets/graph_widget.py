@@ -44,8 +44,8 @@ import anywidget
 import traitlets
 
 from qviz.errors import ConfigError
-from qviz.viz.graphs import QGraph, graph
-from qviz.viz.inline_svg import strip_prolog
+from qviz.viz.graph.graphs import QGraph, graph
+from qviz.viz.graph.inline_svg import strip_prolog
 from qviz.widgets.layout import PANE_HEIGHT
 
 _STATIC = Path(__file__).parent / "static"
@@ -108,7 +108,7 @@ def edge_refs(qgraph: QGraph) -> dict[str, str]:
     does. Arrows between two graph nodes keep their own name.
 
     Example:
-        >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+        >>> from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
         >>> view = GraphView(stage="observed", nodes=(ViewNode(name="a", kind="op", label="a"),
         ...     ViewNode(name="obs/a", kind="marker", label="g0"), ViewNode(name="b", kind="op",
         ...     label="b")),

@@ -23,7 +23,7 @@ def test_a_new_figure_renders_itself_as_png() -> None:
 def test_the_views_figures_render_themselves() -> None:
     """Issue 25: ``monitor.plot()`` showed ``<Figure size 1000x572 with 4 Axes>``."""
     from qviz.numeric.compare import plots
-    from qviz.viz import histograms, range_view
+    from qviz.viz.ranges import histograms, range_view
 
     for make in (plots._figure, histograms.new_figure, range_view._new_figure):
         assert make(figsize=(1, 1))._repr_png_().startswith(PNG), make

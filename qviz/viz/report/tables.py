@@ -1,6 +1,6 @@
 """The HTML report's tables: shown whole (no scroll box), numbers to four significant digits,
 SQNR and clipped cells in their fixed band's colour (:mod:`qviz.display.bands`), each table of a
-numeric suite with the legend of its columns (:mod:`qviz.viz.report_guide`).
+numeric suite with the legend of its columns (:mod:`qviz.viz.report.guide`).
 
 Example:
     >>> import pandas as pd
@@ -66,7 +66,7 @@ def frame_tables(
     """``frame`` as tables shown whole: one per group of ``groups`` that it has columns of, the
     ``node`` column (or the index) first in each, then one of the columns no group names; each
     with the legend of its columns from ``terms`` (default: the numeric suite's,
-    :data:`~qviz.viz.report_guide.TABLE_TERMS`).
+    :data:`~qviz.viz.report.guide.TABLE_TERMS`).
 
     Example:
         >>> import pandas as pd
@@ -75,7 +75,7 @@ def frame_tables(
         >>> page.count("<table>"), "<h3>Other columns</h3>" in page
         (2, True)
     """
-    from qviz.viz.report_guide import TABLE_TERMS, glossary
+    from qviz.viz.report.guide import TABLE_TERMS, glossary
 
     terms = TABLE_TERMS if terms is None else terms
     key = [c for c in frame.columns if str(c) == "node"][:1]

@@ -12,7 +12,7 @@ import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import CalibrationError, ConfigError
 
-ranges = importlib.import_module("qviz.viz.range_view").ranges
+ranges = importlib.import_module("qviz.viz.ranges.range_view").ranges
 
 
 class Net(nn.Module):

@@ -12,7 +12,7 @@ import torch
 import qviz
 from qviz.errors import ConfigError
 from qviz.viz import graph
-from qviz.viz.inline_svg import InlineLayout, inline_html, should_fold, svg_size, text_px
+from qviz.viz.graph.inline_svg import InlineLayout, inline_html, should_fold, svg_size, text_px
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs graphviz's dot")
 

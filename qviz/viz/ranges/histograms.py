@@ -29,7 +29,7 @@ seem to contradict each other.
 
 Example:
     >>> import torch
-    >>> from qviz.viz.histograms import histogram
+    >>> from qviz.viz.ranges.histograms import histogram
     >>> x = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
     >>> fig = histogram(x, methods=("max", "mse"))
     >>> [row["method"] for row in fig.qviz_rows]

@@ -15,7 +15,7 @@ Ranks are estimated by longest path from the inputs, as dot's first ranking does
 shortens edges, so the estimate is an upper bound of dot's virtual node count.
 
 Example:
-    >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+    >>> from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
     >>> chain = [ViewNode(name=f"n{i}", kind="op", label="relu") for i in range(8)]
     >>> edges = [ViewEdge(f"n{i}", f"n{i + 1}") for i in range(7)] + [ViewEdge("n0", "n7")]
     >>> view = GraphView(stage="float", nodes=tuple(chain), edges=tuple(edges))
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
 
 #: The virtual nodes dot is given: about 1 s of layout for densenet201's observed graph on one
 #: core. Estimates of this module: densenet121's observed graph needs ~38,400 for 747 nodes
@@ -58,7 +58,7 @@ def ranks(view: GraphView) -> dict[str, int]:
     are none in an exported graph) keep the rank reached so far.
 
     Example:
-        >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+        >>> from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
         >>> v = GraphView(stage="float", nodes=tuple(ViewNode(name=x, kind="op",
         ...     label=x) for x in "abcw"),
         ...     edges=(ViewEdge("a", "b"), ViewEdge("b", "c"), ViewEdge("a", "c"), ViewEdge("w",

@@ -25,7 +25,14 @@ from __future__ import annotations
 from torch.fx import GraphModule, Node
 
 from qviz.engine.tensor.records import QuantizerRecord, quantizer_records, short_values
-from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode, base_node, graph_edges, hidden
+from qviz.viz.graph.graph_records import (
+    GraphView,
+    ViewEdge,
+    ViewNode,
+    base_node,
+    graph_edges,
+    hidden,
+)
 
 #: The stage name of a graph exported from a quant_nn model.
 STAGE = "quant_nn"

@@ -1,8 +1,8 @@
 """The records a graph drawing is made of, and the blocks that read them from fx nodes.
 
 :class:`GraphView` holds the boxes (:class:`ViewNode`) and arrows (:class:`ViewEdge`) of a model
-at one stage; :mod:`qviz.viz.read_graph` and :mod:`qviz.viz.quantizer_view` build them with the
-node-level functions here, and :mod:`qviz.viz.dot` draws them.
+at one stage; :mod:`qviz.viz.graph.read_graph` and :mod:`qviz.viz.graph.quantizer_view` build
+them with the node-level functions here, and :mod:`qviz.viz.graph.dot` draws them.
 
 Example:
     >>> import torch
@@ -30,7 +30,7 @@ class ViewNode:
     ``kind`` is one of ``input``, ``output``, ``param``, ``op``, ``float`` (an op the plan left
     in float), ``marker`` (an observer on an edge), ``quantize``, ``dequantize``, ``collapsed``,
     ``ref`` (the names of a node's inputs whose edges are too long to draw, see
-    :mod:`qviz.viz.long_edges`).
+    :mod:`qviz.viz.graph.long_edges`).
     ``refs`` are the plan's tensors a marker stands for; ``count`` the ops inside a collapsed box;
     ``value`` a metric drawn as the box's colour (see ``graph(metrics=...)``); ``kernel`` what a
     lowered program runs the op on (``"integer"`` or ``"float"``, see ``graph(lowered=...)``)

@@ -15,7 +15,7 @@ from qviz.data import digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 
-report_module = importlib.import_module("qviz.viz.html_report")
+report_module = importlib.import_module("qviz.viz.report.html_report")
 report = report_module.report
 
 _EXTERNAL = re.compile(

@@ -34,7 +34,7 @@ from qviz.engine.tensor.calib import HistogramCalibrator
 from qviz.engine.tensor.tensor_quant import fake_tensor_quant
 from qviz.errors import ConfigError
 from qviz.numeric.measure.metrics import sqnr
-from qviz.viz.histograms import new_figure
+from qviz.viz.ranges.histograms import new_figure
 
 #: Colour and line style of each calibration method's amax line.
 METHOD_STYLE = {

@@ -16,7 +16,7 @@ from qviz.engine.tensor.tensor_quantizer import TensorQuantizer
 from qviz.errors import CalibrationError, ConfigError
 from qviz.numeric import clipped_fraction, sqnr
 
-histogram = importlib.import_module("qviz.viz.histograms").histogram
+histogram = importlib.import_module("qviz.viz.ranges.histograms").histogram
 
 METHODS = ("max", "percentile", "entropy", "mse")
 
@@ -187,7 +187,7 @@ def test_clipped_rows_of_the_digits_input_agree_with_the_raw_tensor(calibrated_d
     """The digits pixels sit exactly at 1.0: the L2 range [-1.003, 0.9956] and the mse range
     [-1.004, 0.9958] both clip them. Both rows are counted the same way, against the raw input."""
     from qviz.data import digits_loaders
-    from qviz.viz.histograms import histogram_data
+    from qviz.viz.ranges.histograms import histogram_data
 
     prepared = calibrated_digits(switchable=True)
     observer = getattr(prepared, prepared.plan.group_of("x -> conv2d").observer)

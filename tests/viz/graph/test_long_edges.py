@@ -12,10 +12,10 @@ from torch import nn
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.viz import graph
-from qviz.viz.dot import to_digraph
-from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-from qviz.viz.long_edges import fold_long_edges, ranks, virtual_nodes
-from qviz.viz.read_graph import read_graph
+from qviz.viz.graph.dot import to_digraph
+from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
+from qviz.viz.graph.long_edges import fold_long_edges, ranks, virtual_nodes
+from qviz.viz.graph.read_graph import read_graph
 from qviz.widgets.graph_widget import marker_refs
 
 pytest.importorskip("graphviz")

@@ -13,13 +13,13 @@ In a notebook (JupyterLab, Voila) a :class:`QGraph` shows as SVG inline in HTML,
 box or an edge label shows its tooltip; the drawing shrinks to the output's width while its text
 stays legible (10 px), scrolling in its own box past that, and a graph taller than 2200 px is folded
 under a one-line summary, a click away (``graph(..., fold=False)`` never folds; the rules:
-:mod:`qviz.viz.inline_svg`). Other front-ends get the plain ``image/svg+xml``.
+:mod:`qviz.viz.graph.inline_svg`). Other front-ends get the plain ``image/svg+xml``.
 
 A graph exported from a quant_nn model (``qviz.export(quantize_model(m), inputs)``) draws
 each TensorQuantizer as one marker on the edge it quantizes, its arithmetic hidden:
 ``int8 amax=4.52 scale=0.0356 entropy`` (scale = amax / quant_max), the range for a
 per-channel weight quantizer, ``dynamic`` without amax; disabled quantizers are not drawn
-(:mod:`qviz.viz.quantizer_view`).
+(:mod:`qviz.viz.graph.quantizer_view`).
 
 Example:
     >>> import torch, qviz
@@ -50,12 +50,12 @@ from torch.fx import GraphModule
 from qviz.display.bands import Bands
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.errors import ConfigError, MissingDependencyError, closest_names
-from qviz.viz.dot import to_digraph
-from qviz.viz.graph_records import GraphView
-from qviz.viz.hierarchy import collapse as collapse_view
-from qviz.viz.inline_svg import InlineLayout, inline_html
-from qviz.viz.long_edges import fold_long_edges
-from qviz.viz.read_graph import read_graph
+from qviz.viz.graph.dot import to_digraph
+from qviz.viz.graph.graph_records import GraphView
+from qviz.viz.graph.hierarchy import collapse as collapse_view
+from qviz.viz.graph.inline_svg import InlineLayout, inline_html
+from qviz.viz.graph.long_edges import fold_long_edges
+from qviz.viz.graph.read_graph import read_graph
 
 _FORMATS = ("svg", "png", "pdf")
 
@@ -64,10 +64,10 @@ class QGraph:
     """A drawn graph that renders itself in Jupyter; ``.dot`` is its DOT text.
 
     Attributes:
-        view: the records drawn (:class:`~qviz.viz.graph_records.GraphView`).
+        view: the records drawn (:class:`~qviz.viz.graph.graph_records.GraphView`).
         digraph: the ``graphviz.Digraph``.
         layout: how it sits in a notebook output: fitted to the width, folded when tall
-            (:class:`~qviz.viz.inline_svg.InlineLayout`; change it with :meth:`with_layout`).
+            (:class:`~qviz.viz.graph.inline_svg.InlineLayout`; change it with :meth:`with_layout`).
 
     Example:
         >>> import torch, qviz
@@ -87,7 +87,7 @@ class QGraph:
 
     def with_layout(self, **changes: Any) -> QGraph:
         """This drawing with other notebook-output choices (``fold``, ``max_height``,
-        ``page_width``, ``min_text_px``: :class:`~qviz.viz.inline_svg.InlineLayout`).
+        ``page_width``, ``min_text_px``: :class:`~qviz.viz.graph.inline_svg.InlineLayout`).
 
         Raises:
             ConfigError: an unknown choice or a bad value.
@@ -149,7 +149,7 @@ class QGraph:
 
     def html(self) -> str:
         """The drawing as HTML for a notebook output: the SVG inline (tooltips on hover), fitted
-        to the width, folded when tall (:mod:`qviz.viz.inline_svg`; needs ``dot``).
+        to the width, folded when tall (:mod:`qviz.viz.graph.inline_svg`; needs ``dot``).
 
         Example:
             >>> import shutil, torch, qviz
@@ -398,7 +398,7 @@ def graph(
     fold: bool | None = None,
 ) -> QGraph:
     """Draw ``model`` at its stage: captured float, annotated, observed (prepared), converted,
-    or exported from a model of quant_nn layers (what each shows: ``qviz.viz.graphs``).
+    or exported from a model of quant_nn layers (what each shows: ``qviz.viz.graph.graphs``).
 
     Args:
         model: a graph module from :func:`qviz.export`, :func:`qviz.prepare_pt2e` or

@@ -4,12 +4,12 @@ The page reads the model's records and the other views: a summary (ops by kind, 
 sharing groups, nodes left in float and why, from ``model.plan``), the graph
 (:func:`qviz.viz.graph`, inline SVG, collapsed by module when it is big), the range overview
 (:func:`qviz.viz.ranges`) and one histogram per HistogramObserver group (inline SVG drawn from
-:func:`qviz.viz.histograms.histogram_data`, the numbers :func:`qviz.viz.histogram` draws, with
-each method's table) for a prepared model, the plan's group table, and optionally a
+:func:`qviz.viz.ranges.histograms.histogram_data`, the numbers :func:`qviz.viz.histogram` draws,
+with each method's table) for a prepared model, the plan's group table, and optionally a
 numeric-suite table.
 
 It reads on its own: a "How to read this report" section first, and under each table a legend of
-its columns (:mod:`qviz.viz.report_guide`). SQNR is coloured by fixed dB bands, in the graph's
+its columns (:mod:`qviz.viz.report.guide`). SQNR is coloured by fixed dB bands, in the graph's
 boxes and in the tables alike (≤ 10 dB red to > 40 dB green, :mod:`qviz.display.bands`, the bands
 the Model Explorer export uses), so a colour means the same in every report. The graph and the
 tables are shown whole, the graph scaled to the page's width: only the page scrolls.
@@ -21,7 +21,7 @@ Example:
     >>> from pathlib import Path
     >>> from torch import nn
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-    >>> from qviz.viz.html_report import report
+    >>> from qviz.viz.report.html_report import report
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
     >>> gm = qviz.export(model, (torch.randn(2, 4),))
     >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
@@ -47,7 +47,7 @@ from qviz.display.bands import bands_for
 from qviz.engine.graph.fingerprint import check_fingerprint
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import CalibrationError, ConfigError, MissingDependencyError
-from qviz.viz.report_tables import COLUMN_GROUPS, frame_tables, table
+from qviz.viz.report.tables import COLUMN_GROUPS, frame_tables, table
 
 #: Graphs with more drawn nodes than this are redrawn collapsed to module depth ``_COLLAPSE``.
 _BIG_GRAPH = 150
@@ -132,7 +132,7 @@ def report(
     out = _check_path(path)
     frame = _frame_of(ns) if ns is not None else None
     check_fingerprint(ns, model, "report(ns=...)")  # a report of another model: refused
-    from qviz.viz.read_graph import stage_of
+    from qviz.viz.graph.read_graph import stage_of
 
     stage = stage_of(model)
     heading = "qviz report" if title is None else str(title)
@@ -145,7 +145,7 @@ def report(
 
 
 def _guide_section(frame: Any, lowered: bool) -> str:
-    from qviz.viz.report_guide import guide
+    from qviz.viz.report.guide import guide
 
     text = guide(numeric=frame is not None, coloured=_has_local_sqnr(frame), lowered=lowered)
     body = f'<div class="guide">{text}</div>'
@@ -266,7 +266,7 @@ def _numeric_section(ns: Any, frame: Any) -> str:
     the fixed bands, each part with its columns' legend."""
     from qviz.display.bands import SQNR
     from qviz.numeric.compare.report import NumericReport
-    from qviz.viz.report_guide import band_legend
+    from qviz.viz.report.guide import band_legend
 
     parts = []
     if isinstance(ns, NumericReport):
@@ -284,7 +284,7 @@ def _graph_section(model: Any, metrics: Any = None, heading: str = "Graph", **kw
 
 
 def _graph_body(model: Any, metrics: Any = None, **kw: Any) -> str:
-    from qviz.viz.graphs import graph
+    from qviz.viz.graph.graphs import graph
 
     try:
         drawn = graph(model, metrics=metrics, **kw)
@@ -302,11 +302,17 @@ def _graph_body(model: Any, metrics: Any = None, **kw: Any) -> str:
 
 
 def _page_svg(svg: str, prefix: str) -> str:
-    """A Graphviz document as an element of the page (:mod:`qviz.viz.inline_svg`): no prolog,
+    """A Graphviz document as an element of the page (:mod:`qviz.viz.graph.inline_svg`): no prolog,
     tooltips that show on hover, ids unique on the page, and scaled to the page's width
     (``.graph svg`` in the CSS) no further than its smallest text stays 10 px; a graph too
     wide for that makes the page, not a box of its own, scroll sideways."""
-    from qviz.viz.inline_svg import strip_prolog, svg_size, text_px, title_tooltips, unique_ids
+    from qviz.viz.graph.inline_svg import (
+        strip_prolog,
+        svg_size,
+        text_px,
+        title_tooltips,
+        unique_ids,
+    )
 
     body = title_tooltips(unique_ids(strip_prolog(svg), prefix))
     width, text = svg_size(body)[0], text_px(body)
@@ -330,7 +336,7 @@ def _lowered_section(model: Any, lowered: Any, lowering: Any) -> str:
         parts.append(table(("node", "kernel", "runs on", "why float"), rows))
     parts.append(_graph_body(model, lowering, lowered=lowered))
     if lowering is not None:
-        from qviz.viz.report_guide import LOWERING_TERMS
+        from qviz.viz.report.guide import LOWERING_TERMS
 
         parts.append(f"<p>{_esc(repr(lowering))}</p>")
         parts.append(frame_tables(lowering.df, terms=LOWERING_TERMS))
@@ -351,7 +357,7 @@ def _figure(fig: Any, caption: str) -> str:
 
 def _histogram_figure(data: Any, caption: str) -> str:
     """One observer's histogram as inline SVG (log counts), its methods' table and a caption."""
-    from qviz.viz.histogram_svg import histogram_svg, rows_html
+    from qviz.viz.ranges.histogram_svg import histogram_svg, rows_html
 
     own = next((r["method"] for r in data.rows if r.get("current")), None)
     note = f"<div class='sub'>{_esc(data.note)}</div>" if data.note else ""
@@ -363,7 +369,7 @@ def _histogram_figure(data: Any, caption: str) -> str:
 def _ranges_section(model: Any, stage: str) -> str:
     if stage != "observed":
         return _section("Ranges and histograms", _note(_NO_OBSERVERS.format(stage=stage)))
-    from qviz.viz.range_view import ranges
+    from qviz.viz.ranges.range_view import ranges
 
     try:
         fig = ranges(model)
@@ -384,7 +390,7 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
     if stage != "observed":
         return ""
     from qviz.engine.observers import HistogramObserver, OrderFreeHistogramObserver
-    from qviz.viz.histograms import histogram_data
+    from qviz.viz.ranges.histograms import histogram_data
 
     kinds = (HistogramObserver, OrderFreeHistogramObserver)
     groups = [g for g in plan.groups if isinstance(_submodule(model, g.observer), kinds)]
@@ -417,7 +423,7 @@ def _histogram_section(model: Any, plan: Any, stage: str) -> str:
                 f"qviz.viz.histogram(model.get_submodule(name))."
             )
         )
-    from qviz.viz.report_guide import HISTOGRAM_TERMS, glossary
+    from qviz.viz.report.guide import HISTOGRAM_TERMS, glossary
 
     legend = (
         "<p>Each histogram: the values the observer saw (count axis logarithmic), a dashed line "
@@ -473,7 +479,7 @@ def _groups_section(plan: Any) -> str:
         rows.append(row)
     if converted:
         headers.append("qparams")
-    from qviz.viz.report_guide import PLAN_TERMS, glossary
+    from qviz.viz.report.guide import PLAN_TERMS, glossary
 
     body = table(headers, rows) + glossary(headers, PLAN_TERMS)
     return _section(f"Plan: {len(records)} observer groups", body)

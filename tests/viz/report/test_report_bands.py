@@ -27,7 +27,7 @@ from qviz.errors import ConfigError
 from qviz.numeric.compare.report import COLUMNS, NumericReport
 from qviz.viz import graph, report
 from qviz.viz.model_explorer import SQNR_CAP, node_data
-from qviz.viz.report_guide import TABLE_TERMS
+from qviz.viz.report.guide import TABLE_TERMS
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_report_explains_its_notation(page):
 
 
 def test_every_numeric_report_column_is_explained():
-    from qviz.viz.report_guide import _SAME_AS
+    from qviz.viz.report.guide import _SAME_AS
 
     assert [c for c in COLUMNS if c not in TABLE_TERMS and c not in _SAME_AS] == []
 
@@ -172,8 +172,8 @@ def test_a_plain_frame_keeps_its_index_and_colours_its_sqnr_column(tmp_path):
 
 
 def test_the_lowering_table_is_explained_in_its_own_terms():
-    from qviz.viz.report_guide import LOWERING_TERMS
-    from qviz.viz.report_tables import frame_tables
+    from qviz.viz.report.guide import LOWERING_TERMS
+    from qviz.viz.report.tables import frame_tables
 
     row = {"tensor": "quantize_per_tensor_default", "op": "relu", "elements": 4, "differing": 1,
            "share": 0.25, "max_steps": 1}  # fmt: skip
@@ -187,7 +187,7 @@ def test_the_lowering_table_is_explained_in_its_own_terms():
 def test_the_graph_shrinks_to_the_page_no_further_than_10_px_text(page):
     """The SVG fits the page's width (max-width:100%, height:auto) down to a min-width at which
     its smallest text is 10 px; ids are prefixed and tooltips are <title>s, as in notebooks."""
-    from qviz.viz.inline_svg import svg_size, text_px
+    from qviz.viz.graph.inline_svg import svg_size, text_px
 
     start = page.index('<div class="graph">') + len('<div class="graph">')
     svg = page[start : page.index("</svg>", start) + len("</svg>")]

@@ -1,12 +1,12 @@
 """Records to a graphviz Digraph: HTML-table boxes, group colours, module clusters, a legend.
 
-Pure: the same :class:`~qviz.viz.graph_records.GraphView` always gives the same DOT text. Boxes are
-``shape=plaintext`` with an HTML table (``shape=record`` inside clusters makes dot 2.43 fail
-with "lost edge"). An observer marker takes its sharing group's colour, so the tensors that
-share one observer read as one colour at a glance.
+Pure: the same :class:`~qviz.viz.graph.graph_records.GraphView` always gives the same DOT
+text. Boxes are ``shape=plaintext`` with an HTML table (``shape=record`` inside clusters makes
+dot 2.43 fail with "lost edge"). An observer marker takes its sharing group's colour, so the
+tensors that share one observer read as one colour at a glance.
 
 Example:
-    >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+    >>> from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
     >>> view = GraphView(stage="observed", nodes=(ViewNode(name="a", kind="input", label="input a"),
     ...     ViewNode(name="obs/a", kind="marker", label="g0", group=0), ViewNode(name="b",
     ...     kind="op", label="relu", detail="relu")),
@@ -23,8 +23,8 @@ from collections.abc import Collection
 from typing import Any
 
 from qviz.errors import MissingDependencyError
-from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
-from qviz.viz.hierarchy import cluster_paths
+from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
+from qviz.viz.graph.hierarchy import cluster_paths
 
 #: Fill colours of sharing groups (group id modulo the length), pastels with no grey: grey
 #: means "left in float".

@@ -10,7 +10,7 @@ Example:
     >>> import torch, qviz
     >>> from torch import nn
     >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-    >>> from qviz.viz.range_view import ranges
+    >>> from qviz.viz.ranges.range_view import ranges
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
     >>> gm = qviz.export(model, (torch.randn(2, 4),))
     >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
@@ -65,7 +65,7 @@ def ranges(prepared: Any, *, outlier: float = 4.0, max_members: int = 2) -> Any:
         >>> data = [torch.randn(8, 4) for _ in range(2)]
         >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
         >>> prepared = qviz.prepare_pt2e(qviz.export(model, (data[0],)), q)
-        >>> fig = qviz.viz.ranges(qviz.calibrate(prepared, data, progress=False))
+        >>> fig = ranges(qviz.calibrate(prepared, data, progress=False))
         >>> len(fig.qviz_rows) >= 2, sorted(fig.qviz_rows[0])[:3]
         (True, ['group', 'high', 'low'])
     """

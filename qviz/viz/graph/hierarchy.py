@@ -7,7 +7,7 @@ A collapsed box carries the lowest (worst) metric value of its members (or, colo
 classes of its members), and says how many of its ops were left in float.
 
 Example:
-    >>> from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+    >>> from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
     >>> view = GraphView(stage="float", nodes=(
     ...     ViewNode(name="a", kind="op", label="conv2d", module="block.conv"),
     ...     ViewNode(name="b", kind="op", label="relu", module="block.relu"),
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from qviz.errors import ConfigError, closest_names
-from qviz.viz.graph_records import GraphView, ViewEdge, ViewNode
+from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
 
 
 def collapsed_path(module: str, collapse_: int | Sequence[str] | None) -> str | None:
@@ -94,7 +94,7 @@ def collapse(
     """``view`` with every module at depth ``collapse_`` (or named in it) merged into one box.
 
     Args:
-        view: the records of :func:`qviz.viz.read_graph.read_graph`.
+        view: the records of :func:`qviz.viz.graph.read_graph.read_graph`.
         collapse_: a depth (``2`` keeps ``layer1.0`` and merges ``layer1.0.conv1`` into it),
             module paths (``["layer1"]``), or None to keep everything.
         modules: module paths of the model that may have no drawn node (a BatchNorm folded

@@ -4,7 +4,7 @@ Five stages are recognised from the model itself: ``"float"`` (a captured graph)
 ``"annotated"`` (a quantizer's annotations in ``node.meta``, not prepared yet), ``"observed"``
 (``prepare_pt2e``'s result: observers and ``.plan``), ``"converted"`` (``convert_pt2e``'s
 result: quantize/dequantize ops) and ``"quant_nn"`` (exported from a model of quant_nn layers:
-each TensorQuantizer is one marker, see :mod:`qviz.viz.quantizer_view`). Observers are not
+each TensorQuantizer is one marker, see :mod:`qviz.viz.graph.quantizer_view`). Observers are not
 read from the graph's observer calls but from the plan's records: each observed edge or node
 output becomes a small marker on the edges it observes, labelled with its sharing group.
 
@@ -40,7 +40,7 @@ from qviz.engine.pt2e.plan import (
 from qviz.engine.qparams import bits_of_range
 from qviz.engine.specs import Q_ANNOTATION_KEY, QuantizationAnnotation, as_annotation
 from qviz.engine.tensor.records import is_quantizer_node
-from qviz.viz.graph_records import (
+from qviz.viz.graph.graph_records import (
     GraphView,
     ViewEdge,
     ViewNode,
@@ -52,7 +52,7 @@ from qviz.viz.graph_records import (
     op_name,
     source_of,
 )
-from qviz.viz.quantizer_view import quantizer_view
+from qviz.viz.graph.quantizer_view import quantizer_view
 
 _Q_NAMESPACE = "quantized_decomposed"
 

@@ -1,4 +1,4 @@
-"""A fast SVG drawing of :class:`~qviz.viz.histograms.HistogramData`, for interactive widgets.
+"""A fast SVG drawing of :class:`~qviz.viz.ranges.histograms.HistogramData`, for widgets.
 
 :func:`qviz.viz.histogram` draws with matplotlib (about 0.5 s with its table); a widget that
 redraws on every slider move needs a few milliseconds. This renderer writes the same data (the
@@ -8,7 +8,7 @@ a band above the plot, never over the counts.
 
 Example:
     >>> import torch
-    >>> from qviz.viz.histograms import histogram_data
+    >>> from qviz.viz.ranges.histograms import histogram_data
     >>> svg = histogram_svg(histogram_data(torch.randn(10_000), methods=("max", "mse")))
     >>> svg.startswith("<svg") and 'data-gid="method:mse"' in svg
     True
@@ -20,7 +20,7 @@ import html
 import math
 from typing import Any
 
-from qviz.viz.histograms import _COLORS, HistogramData, _display_bins, clipped_text
+from qviz.viz.ranges.histograms import _COLORS, HistogramData, _display_bins, clipped_text
 
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 56, 12, 26, 36
 #: The drawing's text sizes (SVG user units: pixels when the drawing is shown at its own size).
@@ -59,7 +59,7 @@ def histogram_svg(
     """SVG text of ``data``: counts, method lines (``highlight`` drawn thicker), ticks, legend.
 
     Args:
-        data: from :func:`qviz.viz.histograms.histogram_data`.
+        data: from :func:`qviz.viz.ranges.histograms.histogram_data`.
         log: logarithmic count axis.
         width, height: pixels.
         highlight: a method name whose line is drawn thicker (the one being chosen).
@@ -72,7 +72,7 @@ def histogram_svg(
 
     Example:
         >>> import torch
-        >>> from qviz.viz.histograms import histogram_data
+        >>> from qviz.viz.ranges.histograms import histogram_data
         >>> data = histogram_data(torch.randn(1000), methods=("max",))
         >>> svg = histogram_svg(data, width=480, min_text_px=10)
         >>> svg[svg.index("style="):].split('"')[1]
@@ -259,7 +259,7 @@ def rows_html(rows: Any, *, highlight: str | None = None, chosen: str | None = N
 
     Example:
         >>> import torch
-        >>> from qviz.viz.histograms import histogram_data
+        >>> from qviz.viz.ranges.histograms import histogram_data
         >>> "<td" in rows_html(histogram_data(torch.randn(1000), methods=("max",)).rows)
         True
     """

@@ -8,8 +8,8 @@ import torch
 from qviz.engine.tensor.calib import HistogramCalibrator
 from qviz.errors import ConfigError
 from qviz.viz import histogram
-from qviz.viz.histogram_svg import histogram_svg
-from qviz.viz.histograms import histogram_data
+from qviz.viz.ranges.histogram_svg import histogram_svg
+from qviz.viz.ranges.histograms import histogram_data
 
 
 def _calibrator():
