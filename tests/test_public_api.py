@@ -72,6 +72,12 @@ PUBLIC_MODULES = {
     "qviz.viz.ranges",
     "qviz.viz.report",
     "qviz.widgets",
+    "qviz.widgets.kit",
+    "qviz.widgets.dashboard",
+    "qviz.widgets.editor",
+    "qviz.widgets.explorer",
+    "qviz.widgets.precision",
+    "qviz.widgets.qat",
 }
 
 
@@ -110,7 +116,7 @@ def test_names_users_know_from_pytorch_quantization():
     assert callable(qviz.export_onnx) and "export_onnx" in qviz.__all__
 
 
-LAYERS = ["qviz.engine", "qviz.display", "qviz.numeric", "qviz.viz", "qviz.widgets"]
+LAYERS = ["qviz.engine", "qviz.display", "qviz.numeric", "qviz.viz", "qviz.widgets", "qviz.apps"]
 
 
 def _imports(path) -> set[str]:
@@ -133,8 +139,8 @@ def _folder(layer: str):
 
 @pytest.mark.parametrize("layer", [layer for layer in LAYERS if _folder(layer).is_dir()])
 def test_dependencies_point_one_way(layer):
-    """engine <- display <- numeric <- viz <- widgets: a layer never imports the layers above it;
-    display imports nothing of qviz but its errors."""
+    """engine <- display <- numeric <- viz <- widgets <- apps: a layer never imports the layers
+    above it; display imports nothing of qviz but its errors."""
     above = LAYERS[LAYERS.index(layer) + 1 :]
     folder = _folder(layer)
     assert any(folder.rglob("*.py"))
@@ -418,7 +424,7 @@ def test_no_import_cycles():
     """No module of qviz imports itself back through others, function-level imports included
     (a view and the widget it shows, a renderer and the records it reads: one way only)."""
     graph = _module_graph()
-    assert "qviz.widgets.dashboard_view" in graph and "qviz.engine.pt2e.plan" in graph
+    assert "qviz.widgets.dashboard.view" in graph and "qviz.engine.pt2e.plan" in graph
     cycle = _a_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
     assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # it finds one

@@ -82,7 +82,7 @@ PROSE_NUMBERS: dict[str, dict[str, str]] = {
     },
     "05_interactive_quantization": {
         **_DB,
-        "50 dB": "the dashboard's fixed colour scale (qviz.widgets.dashboard_view)",
+        "50 dB": "the dashboard's fixed colour scale (qviz.widgets.dashboard.view)",
         "18 dB": "10·log10(64): arithmetic",
         "180": "the calibration split's size (qviz.data.digits_loaders)",
         "0.01 %": "the percentile method's default, 99.99",

@@ -240,10 +240,52 @@ def uint8_weights(model: Any) -> int:
                 restated[name] = f"{name}_u8w"
             node.input[slot] = restated[name]
         count += 1
+    count += _quantized_float_weights(graph, initializers, restated, np)
     used = {name for node in graph.node for name in node.input}
     for name in restated:  # the int8 originals no node reads any more: not stored twice
         if name and name not in used and name in initializers:
             graph.initializer.remove(initializers[name])
+    return count
+
+
+def _quantized_float_weights(
+    graph: Any, initializers: dict[str, Any], restated: dict[str, str], np: Any
+) -> int:
+    """Float weights quantized in the graph (a QuantizeLinear of a float initializer with an
+    int8 zero point, as the tensor-level toolkit exports them; onnxruntime folds it into an
+    int8 constant): its zero point, and that of the DequantizeLinear reading it, restated as
+    uint8 (+128), so the folded weight is uint8 with the same values. How many were restated."""
+    from onnx import TensorProto, numpy_helper
+
+    count = 0
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for node in graph.node:
+        source = initializers.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
+        if source is None or source.data_type != TensorProto.FLOAT or len(node.input) < 3:
+            continue
+        zero = initializers.get(node.input[2])
+        if zero is None or zero.data_type != TensorProto.INT8:
+            continue
+        dequantizers = readers.get(node.output[0], [])
+        if not dequantizers or any(r.op_type != "DequantizeLinear" for r in dequantizers):
+            continue
+        for user in (node, *dequantizers):
+            name = user.input[2] if len(user.input) > 2 else ""
+            if not name or initializers.get(name) is None:
+                break  # a DequantizeLinear without the same explicit zero point: left as is
+            if name not in restated:
+                values = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
+                graph.initializer.append(
+                    numpy_helper.from_array(values.astype(np.uint8), f"{name}_u8w")
+                )
+                restated[name] = f"{name}_u8w"
+        else:
+            for user in (node, *dequantizers):
+                user.input[2] = restated[user.input[2]]
+            count += 1
     return count
 
 

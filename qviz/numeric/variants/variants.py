@@ -168,7 +168,8 @@ def variant_batches(
         ...
         qviz.errors.CalibrationError: demo(calibration_data=...): batch 0: batch holds 32 non-fin...
     """
-    batches = _bound(measured_batches(data, where, allow_empty=allow_empty), model, where)
+    named = f"{where}(data=...)"  # each message names the argument it is about
+    batches = _bound(measured_batches(data, named, allow_empty=allow_empty), model, named)
     if calibration_data is None:
         return batches, batches
     where = f"{where}(calibration_data=...)"

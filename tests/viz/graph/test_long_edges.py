@@ -16,7 +16,7 @@ from qviz.viz.graph.dot import to_digraph
 from qviz.viz.graph.graph_records import GraphView, ViewEdge, ViewNode
 from qviz.viz.graph.long_edges import fold_long_edges, ranks, virtual_nodes
 from qviz.viz.graph.read_graph import read_graph
-from qviz.widgets.graph_widget import marker_refs
+from qviz.widgets.kit.graph_widget import marker_refs
 
 pytest.importorskip("graphviz")
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="needs graphviz's dot")

@@ -431,7 +431,7 @@ def voila(browser_tools: None, chromium: Any, tmp_path: Path) -> Iterator[Any]:
         nbformat.write(nb, root / "app.ipynb")
         port = _free_port()
         # qviz's launcher, as the README says: Voila with qviz's template (no CDN stylesheets)
-        command = [sys.executable, "-m", "qviz.widgets.voila", "app.ipynb", "--no-browser",
+        command = [sys.executable, "-m", "qviz.apps.voila", "app.ipynb", "--no-browser",
                    "--Voila.ip=127.0.0.1", f"--port={port}"]  # fmt: skip
         log = base / "voila.log"
         with log.open("wb") as out:

@@ -27,7 +27,7 @@ from torch import nn
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.viz import graph
-from qviz.widgets.graph_widget import GraphWidget
+from qviz.widgets.kit.graph_widget import GraphWidget
 
 torch.manual_seed(0)
 layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)

@@ -21,7 +21,7 @@ from torch import nn
 import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.viz import graph
-from qviz.widgets.graph_widget import GraphWidget
+from qviz.widgets.kit.graph_widget import GraphWidget
 
 
 class Blocks(nn.Module):

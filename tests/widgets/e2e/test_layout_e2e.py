@@ -133,7 +133,7 @@ _IMAGES = """
 
 #: The viewport of each width tested: a 1280x800 laptop and a 1920x1080 screen.
 SIZES = {1280: 800, 1920: 1080}
-#: Image pixels per CSS pixel of a figure (qviz.widgets.layout.PIXEL_DENSITY).
+#: Image pixels per CSS pixel of a figure (qviz.widgets.kit.layout.PIXEL_DENSITY).
 DENSITY = 2
 
 

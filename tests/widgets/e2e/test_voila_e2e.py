@@ -1,5 +1,5 @@
 """The widgets render in Voilà too (a dashboard app without the notebook), with no network:
-launched as the README says (``python -m qviz.widgets.voila``, see the ``voila`` fixture), the
+launched as the widgets guide says (``python -m qviz.apps.voila``, see the ``voila`` fixture), the
 page asks nothing of any other host and logs no console error."""
 
 import pytest
