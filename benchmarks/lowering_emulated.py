@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lowering import Encoder
 
-from tests.helpers.lowering import xnnpack_converted
+from tests.helpers.quantize import quantize
 
 _RUN = """
 import json, sys
@@ -80,7 +80,7 @@ def main() -> None:
     here, pairs, rows = {}, [], []
     for name in sys.argv[1:] or ["digits", "resnet18", "encoder"]:
         model, batches = _case(name)
-        converted = xnnpack_converted(model, batches, dynamic=False)
+        converted = quantize(model, batches).converted  # XNNPACK, per-channel weights
         x = batches[1]
         reference = converted(x).detach().numpy()
         step = _step(converted, reference)

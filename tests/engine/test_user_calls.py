@@ -11,14 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-import qviz
 from qviz.engine import quant_nn
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.tensor.calibrate_quantizers import calibrate_quantizers
 from qviz.engine.tensor.fine_tune import fine_tune
 from qviz.engine.user_calls import call_user, callable_name
 from qviz.errors import ConfigError
 from qviz.numeric import compare
+from tests.helpers.quantize import quantize
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -63,10 +62,8 @@ def test_callables_are_named_by_what_the_user_wrote():
 def quantized():
     torch.manual_seed(0)
     x = torch.randn(4, 4)
-    gm = qviz.export(nn.Sequential(nn.Linear(4, 4)).eval(), (x,))
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), [x], progress=False)
-    return gm, qviz.convert_pt2e(prepared), x
+    gm, _, converted = quantize(nn.Sequential(nn.Linear(4, 4)), [x], per_channel=False)
+    return gm, converted, x
 
 
 def test_a_metric_that_raises_is_named_by_compare_with_the_batch(quantized):

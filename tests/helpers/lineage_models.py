@@ -12,6 +12,7 @@ from torch import nn
 import qviz
 import qviz.numeric
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from tests.helpers.quantize import quantize
 
 
 def small_net() -> nn.Module:
@@ -25,12 +26,6 @@ def quantizer() -> XNNPACKQuantizer:
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
 
 
-def quantized(gm, data):
-    """(calibrated prepared, converted) of ``gm`` on ``data``."""
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer()), data, progress=False)
-    return prepared, qviz.convert_pt2e(prepared)
-
-
 @functools.cache
 def models() -> SimpleNamespace:
     """The model at every stage, its report, and the same graph with other qparams / weights."""
@@ -42,10 +37,10 @@ def models() -> SimpleNamespace:
         net[1].running_mean.uniform_(-0.5, 0.5)
         net[1].running_var.uniform_(0.5, 2.0)
     gm = qviz.export(net, (data[0],), dynamic_batch=True)
-    prepared, converted = quantized(gm, data)
-    recalibrated, other_qparams = quantized(gm, other_data)  # the same model, another range
+    _, prepared, converted = quantize(gm, data, quantizer())
+    _, recalibrated, other_qparams = quantize(gm, other_data, quantizer())  # another range
     other_gm = qviz.export(small_net(), (data[0],), dynamic_batch=True)  # other weights
-    _, other_weights = quantized(other_gm, data)
+    other_weights = quantize(other_gm, data, quantizer()).converted
     report = qviz.numeric.compare(gm, converted, data, progress=False)
     return SimpleNamespace(
         data=data, net=net, gm=gm, prepared=prepared, converted=converted,

@@ -10,16 +10,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-import qviz
 import qviz.numeric
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from tests.helpers.quantize import quantize
 
 
 def _measured(model: nn.Module, x: torch.Tensor) -> SimpleNamespace:
-    gm = qviz.export(model.eval(), (x,), dynamic_batch=True)
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    prepared = qviz.prepare_pt2e(gm, quantizer)
-    quantized = qviz.convert_pt2e(qviz.calibrate(prepared, x, progress=False))
+    gm, prepared, quantized = quantize(model, x, per_channel=False, dynamic_batch=True)
     report = qviz.numeric.compare(gm, quantized, [x], progress=False)
     return SimpleNamespace(float=gm, prepared=prepared, quantized=quantized, report=report, x=x)
 

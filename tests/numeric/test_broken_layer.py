@@ -6,18 +6,17 @@ import pytest
 import torch
 
 import qviz
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers import get_symmetric_quantization_config
 from qviz.numeric import compare, compare_configs, fallback, sensitivity
+from tests.helpers.quantize import quantize, xnnpack
 
 
 @pytest.fixture(scope="module")
 def broken(make_broken_model):
     model = make_broken_model()
     data = [torch.randn(8, 3, 16, 16) for _ in range(4)]
-    gm = qviz.export(model, (data[0],), dynamic_batch=True)
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())  # per tensor
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), data, progress=False)
-    quantized = qviz.convert_pt2e(prepared)
+    quantizer = xnnpack(per_channel=False)
+    gm, _, quantized = quantize(model, data, quantizer, dynamic_batch=True)
     return model, gm, quantizer, data, quantized, compare(gm, quantized, data, progress=False)
 
 

@@ -31,6 +31,7 @@ from qviz.numeric import (
     sensitivity,
 )
 from qviz.numeric.measure.batches import flat_tensors, output_leaves
+from tests.helpers.quantize import quantize
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,11 +69,8 @@ class HF:
         torch.manual_seed(0)
         self.model = build().eval()
         self.data = [torch.randint(0, VOCAB, (2, TOKENS)) for _ in range(2)]
-        self.gm = qviz.export(self.model, (self.data[0],))
         self.quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-        prepared = qviz.prepare_pt2e(self.gm, self.quantizer)
-        self.prepared = qviz.calibrate(prepared, self.data, progress=False)
-        self.converted = qviz.convert_pt2e(self.prepared)
+        self.gm, self.prepared, self.converted = quantize(self.model, self.data, self.quantizer)
         self.report = compare(self.gm, self.converted, self.data, progress=False)
 
     def block_quantizer(self) -> XNNPACKQuantizer:

@@ -15,10 +15,10 @@ import qviz.numeric
 from qviz.engine.repair import cross_layer_equalization
 from qviz.errors import CalibrationError, ConfigError, ModelMismatchError, StageError
 from tests.helpers.lineage_models import models as _models
-from tests.helpers.lineage_models import quantized as _converted
 from tests.helpers.lineage_models import quantizer as _quantizer
 from tests.helpers.lineage_models import state as _state
 from tests.helpers.lineage_models import unchanged as _unchanged
+from tests.helpers.quantize import quantize
 
 pytest.importorskip("pandas")
 
@@ -67,7 +67,7 @@ def _folded(net: nn.Module) -> nn.Module:
 def test_a_function_preserving_transform_keeps_the_float_model_it_started_from():
     m = _models()
     equalized = cross_layer_equalization(m.gm)
-    _, converted = _converted(equalized, m.data)
+    converted = quantize(equalized, m.data, _quantizer()).converted
     report = qviz.numeric.compare(m.gm, converted, m.data, progress=False)  # accepted
     assert report.fingerprint.origin == report.float_fingerprint.tensors
 

@@ -168,8 +168,9 @@ def variant_batches(
         ...
         qviz.errors.CalibrationError: demo(calibration_data=...): batch 0: batch holds 32 non-fin...
     """
-    named = f"{where}(data=...)"  # each message names the argument it is about
-    batches = _bound(measured_batches(data, named, allow_empty=allow_empty), model, named)
+    # "{where}: batch i" for the data, as compare and evaluate name theirs; the calibration
+    # batches as "{where}(calibration_data=...): batch i"
+    batches = _bound(measured_batches(data, where, allow_empty=allow_empty), model, where)
     if calibration_data is None:
         return batches, batches
     where = f"{where}(calibration_data=...)"

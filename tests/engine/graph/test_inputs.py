@@ -15,6 +15,7 @@ from qviz.engine.graph.inputs import batches_of, bind_batch, call_model, check_i
 from qviz.engine.graph.stage import Stage, model_stage
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
+from tests.helpers.quantize import quantize
 
 
 class TwoInputs(nn.Module):
@@ -34,12 +35,9 @@ def _quantizer():
 @pytest.fixture
 def flow():
     """(exported, prepared and calibrated, converted) for a conv model with a dynamic batch."""
-    gm = qviz.export(
-        TwoInputs().eval(), (torch.randn(2, 3, 8, 8), torch.randn(2, 4)), dynamic_batch=True
-    )
-    prepared = qviz.prepare_pt2e(gm, _quantizer())
-    qviz.calibrate(prepared, [(torch.randn(5, 3, 8, 8), torch.randn(5, 4))], progress=False)
-    return gm, prepared, qviz.convert_pt2e(prepared)
+    model, example = TwoInputs(), (torch.randn(2, 3, 8, 8), torch.randn(2, 4))
+    data = [(torch.randn(5, 3, 8, 8), torch.randn(5, 4))]
+    return quantize(model, data, _quantizer(), example=example, dynamic_batch=True)
 
 
 def _state(model):

@@ -4,20 +4,16 @@ import pytest
 import torch
 from torch import nn
 
-import qviz
 from qviz.engine import quant_nn
 from qviz.engine.graph.stage import Stage, check_stage, model_stage
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
+from tests.helpers.quantize import quantize
 
 
 @pytest.fixture(scope="module")
 def stages():
     x = torch.randn(8, 4)
-    gm = qviz.export(nn.Linear(4, 2).eval(), (x,))
-    q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, q), [x], progress=False)
-    converted = qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(gm, q), [x], progress=False))
+    gm, prepared, converted = quantize(nn.Linear(4, 2), [x], per_channel=False)
     return {
         "eager": nn.Linear(4, 2), "exported": gm, "prepared": prepared, "converted": converted,
         "quant_nn": nn.Sequential(quant_nn.QuantLinear(4, 2)),

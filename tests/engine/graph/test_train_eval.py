@@ -23,6 +23,7 @@ import qviz
 from qviz.data import digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError, ExportedModeError
+from tests.helpers.quantize import quantize
 
 aten = torch.ops.aten
 MODE_OPS = {aten.batch_norm.default: 5, aten.dropout.default: 2}
@@ -31,12 +32,8 @@ MODE_OPS = {aten.batch_norm.default: 5, aten.dropout.default: 2}
 def _stages():
     model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3), nn.Dropout(0.5), nn.ReLU())
     x = torch.rand(2, 3, 5, 5)
-    gm = qviz.export(model.eval(), (x,))
-    prepared = qviz.prepare_pt2e(
-        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    )
-    qviz.calibrate(prepared, [x], progress=False)
-    return x, {"exported": gm, "prepared": prepared, "converted": qviz.convert_pt2e(prepared)}
+    gm, prepared, converted = quantize(model, [x], per_channel=False)
+    return x, {"exported": gm, "prepared": prepared, "converted": converted}
 
 
 @pytest.mark.parametrize("call", ["train", "eval"])

@@ -19,21 +19,17 @@ from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.lower import LoweredModel
 from qviz.errors import ConfigError, MissingDependencyError
-from tests.helpers.lowering import xnnpack_converted
+from tests.helpers.quantize import quantize
 
 #: The backends that take XNNPACKQuantizer's int8 activations (inductor's oneDNN kernels take
 #: uint8: tests/engine/lower/test_lower_inductor.py).
 BACKENDS = ("xnnpack", "onnxruntime")
 
 
-def _convert(model: nn.Module, batches: list, dynamic: bool = True, per_channel: bool = True):
-    return xnnpack_converted(model, batches, dynamic, per_channel)
-
-
 @pytest.fixture(scope="module")
 def digits():
     batches = [x for x, _ in digits_loaders(batch_size=36).calibration]
-    return _convert(digits_model(), batches), batches
+    return quantize(digits_model(), batches, dynamic_batch=True).converted, batches
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -88,8 +84,8 @@ def test_latency_at_any_batch_and_the_fixed_batch_refusal(lowered, digits):
     assert 0 < lowered.latency(8, repeats=3, warmup=1) < 5
     assert lowered(torch.randn(3, 1, 8, 8)).shape == (3, 10)
     _, batches = digits
-    fixed = qviz.lower(_convert(digits_model(), batches[:1], dynamic=False), (batches[0],),
-                       backend=lowered.backend)  # fmt: skip
+    converted = quantize(digits_model(), batches[:1]).converted
+    fixed = qviz.lower(converted, (batches[0],), backend=lowered.backend)
     with pytest.raises(ConfigError, match="lowered for batch 36 only"):
         fixed.latency(8)
     with pytest.raises(ConfigError, match="repeats=0"):
@@ -123,7 +119,7 @@ class _LinearSin(nn.Module):
 
 def test_an_operator_left_in_float_is_recorded_as_float_with_its_reason():
     batches = [torch.randn(4, 6) for _ in range(3)]
-    converted = _convert(_LinearSin(), batches, per_channel=False)
+    converted = quantize(_LinearSin(), batches, per_channel=False, dynamic_batch=True).converted
     for backend in BACKENDS:
         lowered = qviz.lower(converted, (batches[0],), backend=backend)
         sine = [r for r in lowered.kernels if "sin" in r.op.lower()]
@@ -177,7 +173,7 @@ def test_xnnpacks_own_reason_for_each_operator_it_refused():
     import logging
 
     x = torch.randn(2, 3, 8, 8)
-    converted = _convert(_Refused(), [x], dynamic=False)
+    converted = quantize(_Refused(), [x]).converted
     logger = logging.getLogger("executorch.backends.xnnpack")
     before = (logger.level, logger.propagate, list(logger.handlers))
     lowered = qviz.lower(converted, (x,), backend="xnnpack")
@@ -228,7 +224,7 @@ def test_a_dynamic_xnnpack_program_is_bounded_by_max_batch():
     from executorch.runtime import Runtime
 
     x = torch.randn(4, 3, 8, 8)
-    converted = _convert(_Refused(), [x], dynamic=True)
+    converted = quantize(_Refused(), [x], dynamic_batch=True).converted
     lowered = qviz.lower(converted, (x,), backend="xnnpack", max_batch=12)
     method = Runtime.get().load_program(lowered.artifact).load_method("forward")
     planned = method.metadata.input_tensor_meta(0).sizes()[0]

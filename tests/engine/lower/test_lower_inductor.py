@@ -23,11 +23,10 @@ from qviz.engine.lower import inductor as inductor_lowering
 from qviz.engine.lower.machine import Machine, machine
 from qviz.engine.quantizers import (
     X86InductorQuantizer,
-    XNNPACKQuantizer,
     get_default_x86_inductor_quantization_config,
-    get_symmetric_quantization_config,
 )
 from qviz.errors import ConfigError, LoweringError, MissingDependencyError
+from tests.helpers.quantize import quantize
 
 pytest.importorskip("torchao")
 
@@ -49,13 +48,6 @@ def x86_quantizer():
     return make
 
 
-def _convert(model: nn.Module, batches: list, quantizer, dynamic: bool):
-    gm = qviz.export(model.eval(), (batches[0],), dynamic_batch=dynamic)
-    prepared = qviz.prepare_pt2e(gm, quantizer)
-    qviz.calibrate(prepared, batches, progress=False)
-    return qviz.convert_pt2e(prepared)
-
-
 def _snapshot(gm):
     return gm.code, {k: v.clone() for k, v in gm.state_dict().items()}
 
@@ -71,7 +63,7 @@ def _output_step(converted) -> float:
 @pytest.fixture(scope="module")
 def digits(x86_quantizer):
     batches = [x for x, _ in digits_loaders(batch_size=36).calibration]
-    converted = _convert(digits_model(), batches, x86_quantizer(), dynamic=True)
+    converted = quantize(digits_model(), batches, x86_quantizer(), dynamic_batch=True).converted
     before = _snapshot(converted)
     lowered = qviz.lower(converted, (batches[0],), backend="inductor")
     return converted, batches, lowered, before
@@ -90,7 +82,7 @@ class _MLP(nn.Module):
 def mlp(x86_quantizer, tmp_path_factory):
     torch.manual_seed(0)
     batches = [torch.randn(32, 16) for _ in range(4)]
-    converted = _convert(_MLP(), batches, x86_quantizer(), dynamic=False)
+    converted = quantize(_MLP(), batches, x86_quantizer()).converted
     path = tmp_path_factory.mktemp("inductor") / "mlp.py"
     lowered = qviz.lower(converted, batches[0], backend="inductor", path=path)
     return converted, batches, lowered, path
@@ -185,7 +177,7 @@ def test_a_dynamic_batch_compiles_once_for_every_batch_size(x86_quantizer):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(288, 4))
     batches = [torch.randn(4, 3, 8, 8) for _ in range(3)]
-    converted = _convert(model, batches, x86_quantizer(), dynamic=True)
+    converted = quantize(model, batches, x86_quantizer(), dynamic_batch=True).converted
     lowered = qviz.lower(converted, (batches[0],), backend="inductor")
     assert [r.kernel for r in lowered.kernels if r.op in ("aten.conv2d", "aten.linear")] == [
         "integer",
@@ -219,7 +211,7 @@ def test_values_beyond_a_7_bit_grid_are_clamped_where_the_reference_clamps_them(
     calibration = [torch.randn(4, 3, 10, 10)]
     x = 4 * torch.randn(4, 3, 10, 10)  # far beyond the calibrated ranges
     config = get_default_x86_inductor_quantization_config(reduce_range=True)
-    converted = _convert(model, calibration, X86InductorQuantizer().set_global(config), False)
+    converted = quantize(model, calibration, X86InductorQuantizer().set_global(config)).converted
     if not clamped:
         monkeypatch.setattr(inductor_lowering, "clamp_to_grid", lambda gm: 0)
     lowered = qviz.lower(converted, (x,), backend="inductor")
@@ -233,12 +225,9 @@ def test_int8_activations_name_the_failing_operator_and_the_quantizer():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.MaxPool2d(2)).eval()
     batches = [torch.randn(4, 3, 10, 10) for _ in range(2)]
-    gm = qviz.export(model, (batches[0],))
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
+    converted = quantize(model, batches, per_channel=True).converted
     with pytest.raises(LoweringError, match=r"Inductor failed at \w+::\w+.*X86InductorQuantizer"):
-        qviz.lower(qviz.convert_pt2e(prepared), (batches[0],), backend="inductor")
+        qviz.lower(converted, (batches[0],), backend="inductor")
 
 
 def test_missing_torchao_names_what_to_install(mlp, monkeypatch):
@@ -271,7 +260,7 @@ def test_a_transformer_encoder_with_a_dynamic_batch_lowers(x86_quantizer):
     layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
     model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
     batches = [torch.randn(4, 8, 32) for _ in range(2)]
-    converted = _convert(model, batches, x86_quantizer(), dynamic=True)
+    converted = quantize(model, batches, x86_quantizer(), dynamic_batch=True).converted
     lowered = qviz.lower(converted, (batches[0],), backend="inductor")
     assert lowered.kernel_counts()["integer"] > 0
     for x in (batches[1], torch.randn(3, 8, 32)):
@@ -289,8 +278,8 @@ def test_without_vnni_full_grid_activations_are_refused_and_7_bit_ones_lowered(m
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(288, 4))
     batches = [torch.randn(4, 3, 8, 8) for _ in range(2)]
     full, seven = (
-        _convert(model, batches, X86InductorQuantizer().set_global(
-            get_default_x86_inductor_quantization_config(reduce_range=r)), dynamic=False)
+        quantize(model, batches, X86InductorQuantizer().set_global(
+            get_default_x86_inductor_quantization_config(reduce_range=r))).converted
         for r in (False, True)
     )  # fmt: skip
     assert inductor_lowering.saturating_nodes(full) == ["conv2d", "linear"]

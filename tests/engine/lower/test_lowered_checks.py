@@ -12,20 +12,15 @@ import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.lower.speed import SpeedComparison, float_twin
 from qviz.errors import ConfigError, LoweringError, QvizError
-from tests.helpers.lowering import xnnpack_converted
+from tests.helpers.quantize import quantize
 
 BACKENDS = ("xnnpack", "onnxruntime")
 
 
-@pytest.fixture(scope="session")
-def convert():
-    return xnnpack_converted
-
-
 @pytest.fixture(scope="module")
-def digits(convert):
+def digits():
     batches = [x for x, _ in digits_loaders(batch_size=36).calibration][:3]
-    return convert(digits_model(), batches), batches
+    return quantize(digits_model(), batches, dynamic_batch=True).converted, batches
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -66,9 +61,9 @@ def test_a_wrong_input_is_named_before_the_runtime_sees_it(
         lowered_from_one_row(*bad(batches[0]))
 
 
-def test_a_fixed_batch_program_refuses_another_batch(digits, convert):
+def test_a_fixed_batch_program_refuses_another_batch(digits):
     _, batches = digits
-    fixed = convert(digits_model(), batches, dynamic=False)
+    fixed = quantize(digits_model(), batches).converted
     lowered = qviz.lower(fixed, (batches[0],), backend="onnxruntime")
     with pytest.raises(ConfigError, match=r"batch 5; .*lowered for batch 36 only"):
         lowered(batches[0][:5])
@@ -92,7 +87,7 @@ def test_the_program_plans_for_max_batch_from_a_small_example(digits):
 
 
 @pytest.fixture(scope="module")
-def files(digits, convert, tmp_path_factory):
+def files(digits, tmp_path_factory):
     """The converted model's .onnx, the float model's, another model's, a corrupt one."""
     onnx = pytest.importorskip("onnx")
     converted, batches = digits
@@ -101,7 +96,8 @@ def files(digits, convert, tmp_path_factory):
     x = batches[0]
     float_program = torch.onnx.export(digits_model().eval(), (x,), dynamo=True, verbose=False)
     onnx.save(float_program.model_proto, str(folder / "float.onnx"))
-    other = convert(nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), batches)
+    linear = nn.Sequential(nn.Flatten(), nn.Linear(64, 5))
+    other = quantize(linear, batches, dynamic_batch=True).converted
     qviz.lower(other, (x,), backend="onnxruntime", path=folder / "other.onnx")
     (folder / "corrupt.onnx").write_bytes((folder / "digits.onnx").read_bytes()[:300])
     (folder / "notes.txt").write_text("not a model")
@@ -151,7 +147,7 @@ def test_the_float_twin_computes_the_converted_model_in_float(digits):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_speed_is_int8_against_the_same_backends_float_program(digits, convert, backend):
+def test_speed_is_int8_against_the_same_backends_float_program(digits, backend):
     converted, batches = digits
     lowered = qviz.lower(converted, (batches[0],), backend=backend)
     speed = lowered.compare_speed(converted, (1, 8), repeats=2)
@@ -164,7 +160,8 @@ def test_speed_is_int8_against_the_same_backends_float_program(digits, convert, 
     with pytest.raises(
         ConfigError, match="the lowered program was made from another model than this one"
     ):
-        other = convert(nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), batches[:1])
+        linear = nn.Sequential(nn.Flatten(), nn.Linear(64, 5))
+        other = quantize(linear, batches[:1], dynamic_batch=True).converted
         lowered.compare_speed(other, repeats=1)
 
 
@@ -181,7 +178,7 @@ class _Decoder(nn.Module):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_real_decoders_lower_to_xnnpack(family, convert):
+def test_real_decoders_lower_to_xnnpack(family):
     """GPT-2 (its attention's reshape after a transpose) and a Llama-shaped decoder (rotary
     embeddings, grouped-query attention), from small configs: every linear on XNNPACK's int8
     kernels, the outputs the reference's."""
@@ -198,7 +195,7 @@ def test_real_decoders_lower_to_xnnpack(family, convert):
                                           use_cache=False)  # fmt: skip
         model = transformers.LlamaForCausalLM(config)
     ids = torch.randint(0, 64, (2, 16))
-    converted = convert(_Decoder(model.eval()), [ids], dynamic=False)
+    converted = quantize(_Decoder(model.eval()), [ids]).converted
     lowered = qviz.lower(converted, (ids,), backend="xnnpack")
     reference = converted(ids)
     assert float((lowered(ids) - reference).abs().max()) <= 0.05 * float(reference.abs().max())

@@ -30,7 +30,7 @@ from qviz.engine.lower import ort_format
 from qviz.engine.lower.machine import Machine, machine
 from qviz.engine.lower.ort_format import OrtFormat
 from qviz.errors import LoweringError
-from tests.helpers.lowering import xnnpack_converted
+from tests.helpers.quantize import quantize
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -119,7 +119,7 @@ class _Saturating(nn.Module):
 def _saturating(kind: str):
     shape = (4, 64) if kind == "linear" else (4, 64, 2, 2)
     calibration = [torch.ones(shape), torch.zeros(shape)]
-    converted = xnnpack_converted(_Saturating(kind), calibration, dynamic=False, per_channel=False)
+    converted = quantize(_Saturating(kind), calibration, per_channel=False).converted
     out = next(n for n in converted.graph.nodes if n.op == "output").args[0]
     producer = out[0] if isinstance(out, (tuple, list)) else out
     step = float(producer.args[1]) if "dequantize" in str(producer.target) else None
@@ -248,7 +248,7 @@ def test_on_an_emulated_avx2_cpu_u8s8_saturates_and_the_chosen_u8u8_does_not(mon
     from qviz.data import digits_loaders, digits_model
 
     digits_x = next(iter(digits_loaders(batch_size=36).calibration))[0]
-    digits = xnnpack_converted(digits_model(), [digits_x], dynamic=False)
+    digits = quantize(digits_model(), [digits_x]).converted
     cases = {"conv": (*_saturating("conv"),), "digits": (digits, digits_x, _output_step(digits))}
     pairs, files = [], {}
     for case, (converted, x, _) in cases.items():

@@ -33,12 +33,13 @@ from qviz.engine.lower.ort_format import exact_session
 from qviz.engine.observers import HistogramObserver
 from qviz.engine.onnx.export import export_onnx
 from qviz.engine.onnx.pt2e import onnx_ready_copy
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers import get_symmetric_quantization_config
 from qviz.engine.specs import QuantizationConfig, QuantizationSpec
 from qviz.engine.tensor.quant_modules import quantize_model
 from qviz.engine.tensor.tensor_quant import QuantDescriptor, TensorQuantizer
 from qviz.engine.tensor.tensor_quantizer import fb_fake_quant
 from qviz.errors import ConfigError, OnnxExportError
+from tests.helpers.quantize import quantize
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -103,13 +104,6 @@ def _onnx_definition(v: dict, quant_min: int, quant_max: int) -> np.ndarray:
 
 
 # -- PT2E models ----------------------------------------------------------------------------------
-def _convert(model, example, calibration, config):
-    gm = qviz.export(model.eval(), (example,), dynamic_batch=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, calibration, progress=False)
-    return qviz.convert_pt2e(prepared)
-
-
 def _activation_config(dtype, quant_min, quant_max) -> QuantizationConfig:
     """XNNPACK's per-channel int8 weights with a custom activation range."""
     act = QuantizationSpec(
@@ -234,7 +228,7 @@ def test_narrow_and_4bit_activations_are_clamped_into_int8(
 ):
     model, calibration, images = digits
     config = _activation_config(dtype, quant_min, quant_max)
-    converted = _convert(model, calibration[0], calibration, config)
+    converted = quantize(model, calibration, config=config, dynamic_batch=True).converted
     copy, _ = onnx_ready_copy(converted, opset=20)
     assert torch.equal(copy(images), converted(images))  # the clamp changes no integer in torch
     result = export_onnx(converted, (images[:2],), tmp_path / "m.onnx", dynamic_batch=True)
@@ -251,7 +245,7 @@ def test_narrow_and_4bit_activations_are_clamped_into_int8(
 def test_int16_activations_need_opset_21(digits, tmp_path):
     model, calibration, images = digits
     config = _activation_config(torch.int16, -(2**15), 2**15 - 1)
-    converted = _convert(model, calibration[0], calibration, config)
+    converted = quantize(model, calibration, config=config, dynamic_batch=True).converted
     with pytest.raises(OnnxExportError, match=r"quantize_per_tensor_default.*int16.*opset=21"):
         export_onnx(converted, (images[:2],), tmp_path / "m.onnx")
     assert not (tmp_path / "m.onnx").exists()
@@ -268,7 +262,7 @@ def test_dynamic_quantization_is_refused_with_the_node(tmp_path):
     model = nn.Sequential(nn.Linear(4, 4)).eval()
     x = torch.randn(2, 4)
     config = get_symmetric_quantization_config(is_dynamic=True)
-    converted = _convert(model, x, [x], config)
+    converted = quantize(model, [x], config=config, dynamic_batch=True).converted
     with pytest.raises(OnnxExportError, match=r"choose_qparams.*dynamic quantization"):
         export_onnx(converted, (x,), tmp_path / "m.onnx")
 
@@ -295,8 +289,7 @@ def _torchvision(name: str):
     with torch.no_grad():
         for batch in calibration:
             model(batch)
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    converted = _convert(model.eval(), calibration[0], calibration, config)
+    converted = quantize(model, calibration, per_channel=True, dynamic_batch=True).converted
     return converted, torch.randn(16, 3, 64, 64, generator=g)
 
 

@@ -13,8 +13,8 @@ from torch import nn
 
 import qviz
 from qviz.engine.onnx.export import export_onnx
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
+from tests.helpers.quantize import quantize
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -25,12 +25,7 @@ def _converted(batch: int, *, dynamic_batch: bool) -> tuple[nn.Module, torch.Ten
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
     x = torch.randn(batch, 4)
-    gm = qviz.export(model, (x,), dynamic_batch=dynamic_batch)
-    prepared = qviz.prepare_pt2e(
-        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    )
-    qviz.calibrate(prepared, x, progress=False)
-    return qviz.convert_pt2e(prepared), x
+    return quantize(model, x, per_channel=False, dynamic_batch=dynamic_batch).converted, x
 
 
 @pytest.fixture(scope="module")

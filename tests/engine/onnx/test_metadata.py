@@ -14,6 +14,7 @@ import qviz
 import qviz.numeric
 from qviz.errors import ConfigError
 from qviz.numeric.compare.report import NumericReport
+from tests.helpers.quantize import quantize
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -35,13 +36,9 @@ ONNX_OPS = {
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     from qviz.data import digits_loaders, digits_model
-    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 
     calib = [x for x, _ in digits_loaders(batch_size=60).calibration][:3]
-    gm = qviz.export(digits_model(), (calib[0],))
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    quantized = qviz.convert_pt2e(qviz.calibrate(prepared, calib, progress=False))
+    gm, _, quantized = quantize(digits_model(), calib, per_channel=True)
     report = qviz.numeric.compare(gm, quantized, calib[:2], progress=False)
     path = tmp_path_factory.mktemp("onnx") / "digits.onnx"
     result = qviz.export_onnx(quantized, (calib[0],), path, report=report)

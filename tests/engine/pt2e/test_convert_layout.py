@@ -22,6 +22,7 @@ from torch.fx import GraphModule, Node
 import qviz
 from qviz.engine.graph.qdq_ops import dequantize_ops, is_qdq
 from qviz.engine.pt2e.passes.observer_to_qdq import OBSERVER_KEY
+from tests.helpers.quantize import quantize
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
@@ -47,12 +48,11 @@ def _convert_both(
 def _convert_both_from(
     gm: GraphModule, batches: list[tuple], make_quantizer: Callable[[], object]
 ) -> tuple[GraphModule, GraphModule]:
+    """The reference's converted model (torchao's flow) and qviz's, from one graph."""
     ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), make_quantizer())
-    ours = qviz.prepare_pt2e(gm, make_quantizer())
     for b in batches:
         ref(*b)
-        ours(*b)
-    return ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+    return ref_pt2e.convert_pt2e(ref), quantize(gm, batches, make_quantizer()).converted
 
 
 def _layout(gm: GraphModule) -> Counter:

@@ -17,20 +17,16 @@ from qviz.engine.pt2e.plan import (
     require_plan,
     set_plan,
 )
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
+from tests.helpers.quantize import quantize, xnnpack
 
 
 @pytest.fixture(scope="module")
 def converted():
     batches = [x for x, _ in digits_loaders(batch_size=64).calibration]  # last batch is short
-    gm = qviz.export(digits_model(), (batches[0],), dynamic_batch=True)
-    quantizer = XNNPACKQuantizer().set_global(
-        get_symmetric_quantization_config(is_per_channel=True)
-    )
-    prepared = qviz.prepare_pt2e(gm, quantizer.set_module_name("fc", None))
-    qviz.calibrate(prepared, batches, progress=False)
-    return prepared, qviz.convert_pt2e(prepared)
+    quantizer = xnnpack(per_channel=True).set_module_name("fc", None)
+    _, prepared, converted = quantize(digits_model(), batches, quantizer, dynamic_batch=True)
+    return prepared, converted
 
 
 def test_records_cover_every_observed_tensor_once(converted):

@@ -16,6 +16,7 @@ import qviz
 from qviz.data import digits_loaders, digits_model
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.errors import CalibrationError, ConfigError
+from tests.helpers.quantize import quantize
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
@@ -57,11 +58,10 @@ def _qparams(gm: torch.fx.GraphModule) -> set:
 def _both(model: nn.Module, batches: list, **config):
     gm = qviz.export(model.eval(), (batches[0],))
     ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), _ref_quantizer(**config))
-    ours = qviz.prepare_pt2e(gm, _ref_quantizer(**config))
     for b in batches:
         ref(b)
-    qviz.calibrate(ours, batches, progress=False)
-    return gm, ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+    ours = quantize(gm, batches, _ref_quantizer(**config)).converted
+    return gm, ref_pt2e.convert_pt2e(ref), ours
 
 
 class Toy(nn.Module):
@@ -218,16 +218,11 @@ torchvision = pytest.importorskip("torchvision")
 
 def _qviz_only(model: nn.Module, batches: list, per_channel: bool):
     """qviz's own XNNPACKQuantizer and observers through qviz; torchao's through torchao."""
-    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-
     gm = qviz.export(model.eval(), (batches[0],))
     ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), _ref_quantizer(is_per_channel=per_channel))
-    config = get_symmetric_quantization_config(is_per_channel=per_channel)
-    ours = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
     for b in batches:
         ref(b)
-    qviz.calibrate(ours, batches, progress=False)
-    return ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+    return ref_pt2e.convert_pt2e(ref), quantize(gm, batches, per_channel=per_channel).converted
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -280,11 +275,9 @@ def test_x86_inductor_quantizer_on_a_strict_export_bitwise():
         )
 
     ref = ref_pt2e.prepare_pt2e(copy.deepcopy(gm), quantizer())
-    ours = qviz.prepare_pt2e(gm, quantizer())
     for b in batches:
         ref(b)
-    qviz.calibrate(ours, batches, progress=False)
-    ref_q, ours_q = ref_pt2e.convert_pt2e(ref), qviz.convert_pt2e(ours)
+    ref_q, ours_q = ref_pt2e.convert_pt2e(ref), quantize(gm, batches, quantizer()).converted
     assert _qparams(ours_q) == _qparams(ref_q)
     assert torch.equal(ours_q(batches[1]), ref_q(batches[1]))
 

@@ -16,6 +16,7 @@ from qviz.engine.specs import (
     SharedQuantizationSpec,
 )
 from qviz.errors import AnnotationError
+from tests.helpers.quantize import quantize
 from tests.helpers.tutorial_quantizers import ACT, WEIGHT, Annotate, TwoConvCat
 
 aten = torch.ops.aten
@@ -31,12 +32,10 @@ def _observers(prepared) -> dict[str, nn.Module]:
 
 
 def _flow(model, inputs, fn, batches=3):
-    gm = qviz.export(model.eval(), inputs)
-    prepared = qviz.prepare_pt2e(gm, Annotate(fn))
     g = torch.Generator().manual_seed(0)
     data = [tuple(torch.randn(t.shape, generator=g) for t in inputs) for _ in range(batches)]
-    qviz.calibrate(prepared, data, progress=False)
-    return prepared, qviz.convert_pt2e(prepared)
+    _, prepared, quantized = quantize(model, data, Annotate(fn), example=inputs)
+    return prepared, quantized
 
 
 class Add(nn.Module):

@@ -19,6 +19,7 @@ from qviz.engine.quantizers import (
     get_default_x86_inductor_quantization_config,
 )
 from qviz.engine.quantizers.x86_inductor_patterns import X86Annotation
+from tests.helpers.quantize import quantize
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 xiq = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
@@ -218,11 +219,8 @@ def _sqnr(ref, out):
 
 def _check_real(model, batches, bound):
     model = model.eval()
-    gm = qviz.export(model, (batches[0],))
     q = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
-    prepared = qviz.prepare_pt2e(gm, q)
-    qviz.calibrate(prepared, batches, progress=False)
-    converted = qviz.convert_pt2e(prepared)
+    converted = quantize(model, batches, q).converted
     with torch.no_grad():
         assert _sqnr(model(batches[0]), converted(batches[0])) > bound
 

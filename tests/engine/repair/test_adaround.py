@@ -11,21 +11,20 @@ from torch import nn
 
 import qviz
 from qviz.engine.compat import quantized_decomposed
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers import get_symmetric_quantization_config
 from qviz.engine.repair.adaround import adaround
+from qviz.engine.specs import QuantizationConfig
 from qviz.errors import CalibrationError, ConfigError
 from tests.helpers.metrics import output_sqnr
+from tests.helpers.quantize import quantize
 from tests.helpers.residual import Residual
 
 
-def _convert(model, data, *, per_channel=True, qmax=7):
-    gm = qviz.export(model.eval(), (data[0],), dynamic_batch=True)
-    config = get_symmetric_quantization_config(
+def _config(qmax: int = 7, *, per_channel: bool = True) -> QuantizationConfig:
+    """XNNPACK's symmetric configuration with weights on [-qmax, qmax] (4-bit by default)."""
+    return get_symmetric_quantization_config(
         is_per_channel=per_channel, weight_qmin=-qmax, weight_qmax=qmax
     )
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, data, progress=False)
-    return gm, qviz.convert_pt2e(prepared)
 
 
 def _int_weights(gm) -> dict[str, torch.Tensor]:
@@ -56,7 +55,7 @@ def test_one_flip_provably_reduces_the_loss():
     model = nn.Linear(3, 1, bias=False)
     with torch.no_grad():  # per-tensor 3-bit: max |w| = 7 makes the step exactly 1.0
         model.weight.copy_(torch.tensor([[0.45, 0.35, 7.0]]))
-    gm, converted = _convert(model, data, per_channel=False)
+    gm, _, converted = quantize(model, data, config=_config(per_channel=False), dynamic_batch=True)
     (key,) = _int_weights(converted)
     assert converted.get_buffer(key).tolist() == [[0, 0, 7]]  # nearest
     out = adaround(converted, gm, data, iterations=2000, progress=False)
@@ -82,7 +81,7 @@ def test_nearest_is_kept_where_it_is_optimal():
     model = nn.Linear(8, 6, bias=False)
     eye = torch.eye(8)
     data = [eye.repeat(4, 1) * 0.9]
-    gm, converted = _convert(model, data)
+    gm, _, converted = quantize(model, data, config=_config(), dynamic_batch=True)
     (key,) = _int_weights(converted)
     out = adaround(converted, gm, data, iterations=500, progress=False)
     qd = quantized_decomposed()
@@ -124,7 +123,7 @@ def _convnet():
 
 def test_floor_or_ceil_grid_and_caller_unchanged():
     model, data = _convnet()
-    gm, converted = _convert(model, data, qmax=3)
+    gm, _, converted = quantize(model, data, config=_config(3), dynamic_batch=True)
     ints_before = _int_weights(converted)
     floats_before = {k: v.clone() for k, v in converted.state_dict().items()}
     graph_before = str(converted.graph)
@@ -161,7 +160,7 @@ def test_floor_or_ceil_grid_and_caller_unchanged():
 
 def test_errors():
     model, data = _convnet()
-    gm, converted = _convert(model, data, qmax=3)
+    gm, _, converted = quantize(model, data, config=_config(3), dynamic_batch=True)
     other = qviz.export(ConvNet().eval(), (data[0],), dynamic_batch=True)
     with pytest.raises(ConfigError, match="prepared from another float model"):
         adaround(converted, other, data, iterations=5, progress=False)
@@ -180,7 +179,7 @@ def test_digits_4bit_per_channel_improves():
 
     model, loaders = digits_model(), digits_loaders(batch_size=64)
     calib = list(loaders.calibration)
-    gm, converted = _convert(model, [b[0] for b in calib])
+    gm, _, converted = quantize(model, [b[0] for b in calib], config=_config(), dynamic_batch=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = adaround(converted, gm, calib, iterations=300, progress=False)
@@ -202,7 +201,7 @@ def test_in_place_ops_after_a_layer_do_not_change_its_target():
     data = [torch.randn(16, 4, 8, 8, generator=gen) for _ in range(2)]
     chosen = []
     for model in (functional, inplace):
-        gm, converted = _convert(model, data, qmax=3)
+        gm, _, converted = quantize(model, data, config=_config(3), dynamic_batch=True)
         out = adaround(converted, gm, data, iterations=100, progress=False)
         chosen.append(sorted(_int_weights(out).items()))
     assert [k for k, _ in chosen[0]] == [k for k, _ in chosen[1]]
@@ -212,7 +211,7 @@ def test_in_place_ops_after_a_layer_do_not_change_its_target():
 def test_nodes_rounds_only_the_named_layer():
     """``nodes=``: the layer a diagnosis named is rounded, the others keep nearest rounding."""
     model, data = _convnet()
-    gm, converted = _convert(model, data, qmax=3)
+    gm, _, converted = quantize(model, data, config=_config(3), dynamic_batch=True)
     before = _int_weights(converted)
     out = adaround(converted, gm, data, iterations=150, nodes="linear", progress=False)
     after = _int_weights(out)

@@ -1,8 +1,6 @@
 """bias_correction: an exactly known weight-error shift removed; digits at 4-bit per-tensor
 weights gets closer to the float model."""
 
-import importlib
-
 import pytest
 import torch
 from torch import nn
@@ -11,18 +9,14 @@ from torch.fx import Interpreter
 import qviz
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.pt2e.plan import TRANSFORMS_KEY
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers import get_symmetric_quantization_config
 from qviz.engine.repair import bias_correction
 from qviz.errors import ConfigError
 from qviz.numeric.measure.metrics import sqnr
+from tests.helpers.quantize import quantize
 from tests.helpers.residual import Residual
 
 FOUR_BIT = get_symmetric_quantization_config(is_per_channel=False, weight_qmin=-8, weight_qmax=7)
-
-
-def _convert(gm, data, config=FOUR_BIT):
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    return qviz.convert_pt2e(qviz.calibrate(prepared, data, progress=False))
 
 
 def _known_shift_model(bias: bool):
@@ -50,12 +44,12 @@ def _known_shift_model(bias: bool):
 def test_a_known_weight_error_shift_is_removed(reference, bias):
     model, x, error = _known_shift_model(bias)
     gm = qviz.export(model, (x,))
-    converted = _convert(gm, x)
+    converted = quantize(gm, x, config=FOUR_BIT).converted
     scales = [n.args[1] for n in converted.graph.nodes if "dequantize" in str(n.target)]
     assert 1.0 in scales  # the weight's scale, as designed
     # the input as the converted model quantizes it (its observer is a histogram one)
-    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
-    q_input = next(n for n in converted.graph.nodes if n.target == quantize)
+    quantize_op = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    q_input = next(n for n in converted.graph.nodes if n.target == quantize_op)
     x_scale, x_zp = q_input.args[1:3]
     x_q = torch.fake_quantize_per_tensor_affine(x, x_scale, x_zp, -128, 127)
     weight = model[0].weight.detach()
@@ -108,7 +102,7 @@ def test_layers_are_corrected_in_order_so_every_mean_is_the_floats():
     ).eval()
     x = torch.randn(32, 3, 8, 8)
     gm = qviz.export(model, (x,))
-    converted = _convert(gm, x)
+    converted = quantize(gm, x, config=FOUR_BIT).converted
     corrected = bias_correction(converted, gm, x)
     names = ["conv2d", "conv2d_1", "conv2d_2"]
     ref, before, after = (_means(m, x, names) for m in (gm, converted, corrected))
@@ -121,7 +115,7 @@ def test_layers_are_corrected_in_order_so_every_mean_is_the_floats():
 def test_it_takes_a_converted_model_and_its_float_graph():
     model, x, _ = _known_shift_model(True)
     gm = qviz.export(model, (x,))
-    converted = _convert(gm, x)
+    converted = quantize(gm, x, config=FOUR_BIT).converted
     with pytest.raises(ConfigError, match="convert_pt2e"):
         bias_correction(gm, gm, x)
     with pytest.raises(ConfigError, match="float"):
@@ -137,7 +131,7 @@ def test_digits_at_4_bit_weights_gets_closer_to_float():
     loaders = digits_loaders(batch_size=64)
     example = next(iter(loaders.calibration))[0]
     gm = qviz.export(digits_model(), (example,), dynamic_batch=True)
-    converted = _convert(gm, loaders.calibration)
+    converted = quantize(gm, loaders.calibration, config=FOUR_BIT).converted
     test = torch.cat([images for images, _ in loaders.test])
     with torch.no_grad():
         reference = gm(test)
@@ -150,14 +144,6 @@ def test_digits_at_4_bit_weights_gets_closer_to_float():
     assert db_after > db_before + 3 and db_weight_only > db_before + 2
     assert evaluate(corrected, loaders.test) >= evaluate(converted, loaders.test)
     assert len(corrected.meta[TRANSFORMS_KEY]) == 6
-
-
-def test_aimet_2_42_has_no_bias_correction():
-    """The side-by-side the issue asked for cannot run: AIMET 2.x dropped aimet_torch's
-    bias_correction (v1 API); when it comes back, this test says so."""
-    pytest.importorskip("aimet_torch")
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("aimet_torch.bias_correction")
 
 
 def test_in_place_ops_after_a_layer_do_not_change_what_is_measured():
@@ -175,7 +161,7 @@ def test_in_place_ops_after_a_layer_do_not_change_what_is_measured():
         assert any(n.target == torch.ops.aten.add_.Tensor for n in gm.graph.nodes) == (
             model.inplace
         )
-        corrected = bias_correction(_convert(gm, x), gm, x)
+        corrected = bias_correction(quantize(gm, x, config=FOUR_BIT).converted, gm, x)
         layers = [n for n in corrected.graph.nodes if n.target == torch.ops.aten.conv2d.default]
         biases.append([get_attr_value(corrected, n.args[2]) for n in layers])
     for a, b in zip(*biases, strict=True):

@@ -12,10 +12,10 @@ from torch import nn
 import qviz
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.pt2e.plan import TRANSFORMS_KEY
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair import cross_layer_equalization
 from qviz.errors import ConfigError
 from qviz.numeric.measure.metrics import sqnr
+from tests.helpers.quantize import quantize
 
 
 def _scrambled(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -254,12 +254,6 @@ def _torchvision(name: str, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
-def _w8a8_sqnr(gm, calib, test, reference) -> float:
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), calib, progress=False)
-    return sqnr(reference, qviz.convert_pt2e(prepared)(test))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
 def test_aimet_equalize_model_is_the_oracle(name):
@@ -287,9 +281,11 @@ def test_aimet_equalize_model_is_the_oracle(name):
     torch.manual_seed(1)
     calib, test = [torch.randn(8, 3, 64, 64) for _ in range(4)], torch.randn(32, 3, 64, 64)
     reference = model(test)
-    before = _w8a8_sqnr(gm, calib, test, reference)
-    aimet = _w8a8_sqnr(aimet_gm, calib, test, reference)
-    qviz_db = _w8a8_sqnr(cross_layer_equalization(gm), calib, test, reference)
+    # W8A8, per-tensor weights
+    before = sqnr(reference, quantize(gm, calib, per_channel=False).converted(test))
+    aimet = sqnr(reference, quantize(aimet_gm, calib, per_channel=False).converted(test))
+    equalized = cross_layer_equalization(gm)
+    qviz_db = sqnr(reference, quantize(equalized, calib, per_channel=False).converted(test))
     # float32 rounding differences between the two BatchNorm folds move per-tensor W8A8 by
     # about 0.1 dB either way on these random-weight models
     assert qviz_db >= aimet - 0.3, (before, aimet, qviz_db)
@@ -317,8 +313,6 @@ def test_a_model_prepared_from_an_equalized_graph_compares_with_it():
     ).eval()  # fmt: skip
     x = torch.randn(8, 3, 10, 10)
     equalized = cross_layer_equalization(qviz.export(model, (x,)))
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    prepared = qviz.prepare_pt2e(equalized, quantizer)
-    qviz.calibrate(prepared, x, progress=False)
-    report = compare(equalized, qviz.convert_pt2e(prepared), x, progress=False)
+    converted = quantize(equalized, x, per_channel=False).converted
+    report = compare(equalized, converted, x, progress=False)
     assert {"conv2d", "conv2d_1"} <= set(report.df["node"]) and report.output_sqnr > 20

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import qviz
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair import (
     adaround,
     bias_correction,
@@ -22,6 +21,7 @@ from qviz.engine.repair import (
 )
 from qviz.engine.repair.options import AdaRoundOptions, EqualizationOptions
 from qviz.errors import ConfigError
+from tests.helpers.quantize import quantize
 
 NAN, INF = float("nan"), float("inf")
 
@@ -57,10 +57,8 @@ def converted():
     """(float graph, its converted int8 model, calibration data): one linear."""
     torch.manual_seed(0)
     data = [torch.randn(8, 4)]
-    gm = qviz.export(nn.Linear(4, 2).eval(), (data[0],))
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), data, progress=False)
-    return gm, qviz.convert_pt2e(prepared), data
+    gm, _, converted = quantize(nn.Linear(4, 2), data, per_channel=False)
+    return gm, converted, data
 
 
 def _refused(call, models: tuple[nn.Module, ...], name: str, value, *words: str) -> str:

@@ -12,6 +12,7 @@ import qviz
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.engine.repair.smoothquant import find_groups, smooth_quant
 from qviz.errors import CalibrationError, ConfigError
+from tests.helpers.quantize import quantize
 
 OUTLIERS = [3, 17, 40]
 
@@ -149,13 +150,6 @@ def _sqnr(reference, model, batches) -> float:
     return 10 * torch.log10(torch.tensor(num / den)).item()
 
 
-def _w8a8(gm, data):
-    config = get_symmetric_quantization_config(is_per_channel=False)  # per-tensor act, weight
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, data, progress=False)
-    return qviz.convert_pt2e(prepared)
-
-
 def test_outliers_w8a8_per_tensor_improves():
     """Per-tensor int8 activations of a LayerNorm output with 80x channels leave the other
     channels a few steps; after SmoothQuant the quantized block tracks the float one far better
@@ -164,8 +158,9 @@ def test_outliers_w8a8_per_tensor_improves():
     data, test = _batches(8, 7), _batches(8, 8)
     gm = qviz.export(model, (data[0],), dynamic_batch=True)
     smoothed = _smooth(gm, data)
-    before = _sqnr(gm, _w8a8(gm, data), test)
-    after = _sqnr(gm, _w8a8(smoothed, data), test)
+    # W8A8: per-tensor activations and weights
+    before = _sqnr(gm, quantize(gm, data, per_channel=False).converted, test)
+    after = _sqnr(gm, quantize(smoothed, data, per_channel=False).converted, test)
     assert after > before + 15, (before, after)
     prepared = qviz.prepare_pt2e(
         smoothed, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())

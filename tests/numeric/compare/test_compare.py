@@ -8,9 +8,10 @@ from torch import nn
 
 import qviz
 from qviz.data import digits_loaders, digits_model, evaluate
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+from qviz.engine.quantizers import get_symmetric_quantization_config
 from qviz.errors import ConfigError
 from qviz.numeric import NumericReport, compare, compare_configs, fallback, sensitivity, sqnr
+from tests.helpers.quantize import quantize, xnnpack
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +19,8 @@ def digits():
     model = digits_model()
     loaders = digits_loaders(batch_size=64)
     calib = [x for x, _ in loaders.calibration]
-    gm = qviz.export(model, (calib[0],), dynamic_batch=True)
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    quantizer = XNNPACKQuantizer().set_global(config)
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), calib, progress=False)
-    quantized = qviz.convert_pt2e(prepared)
+    quantizer = xnnpack(per_channel=True)
+    gm, _, quantized = quantize(model, calib, quantizer, dynamic_batch=True)
     test = list(loaders.test)
     return model, gm, quantizer, quantized, test
 
@@ -153,11 +151,9 @@ def test_inplace_relu_does_not_corrupt_the_recorded_output():
     data = [torch.randn(4, 3, 12, 12) for _ in range(2)]
 
     def build(inplace):
-        model = nn.Sequential(conv, nn.ReLU(inplace=inplace)).eval()
-        gm = qviz.export(model, (data[0],))
-        q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-        prepared = qviz.calibrate(qviz.prepare_pt2e(gm, q), data, progress=False)
-        return compare(gm, qviz.convert_pt2e(prepared), data, progress=False).df
+        model = nn.Sequential(conv, nn.ReLU(inplace=inplace))
+        gm, _, converted = quantize(model, data, per_channel=False)
+        return compare(gm, converted, data, progress=False).df
 
     inplace, plain = build(True), build(False)
     assert inplace["op"].tolist() == ["conv2d", "relu_"] and plain["op"][1] == "relu"
@@ -303,12 +299,7 @@ def test_a_model_quantized_only_inside_a_loop_says_compare_reads_the_top_level()
 def test_a_metric_that_returns_no_number_is_named(returned):
     """Issue 25: a metric returning a string raised ValueError from float() deep in the sums."""
     x = torch.randn(4, 4)
-    gm = qviz.export(nn.Sequential(nn.Linear(4, 4)).eval(), (x,))
-    prepared = qviz.prepare_pt2e(
-        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    )
-    qviz.calibrate(prepared, [x], progress=False)
-    quantized = qviz.convert_pt2e(prepared)
+    gm, _, quantized = quantize(nn.Sequential(nn.Linear(4, 4)), [x], per_channel=False)
     with pytest.raises(ConfigError, match=r"batch 0: the metric returned .*return a finite number"):
         compare(gm, quantized, [x], metric=lambda f, q, t: returned, progress=False)
     report = compare(gm, quantized, [x], metric=lambda f, q, t: torch.tensor(0.5), progress=False)

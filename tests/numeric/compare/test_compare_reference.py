@@ -7,7 +7,8 @@
    (i) an in-place ReLU overwrites what torchao logged for the conv before it; (ii) torchao
    compares a conv with a folded BatchNorm against the pre-BatchNorm conv; (iii) a ReLU module
    called twice gets one row per call in qviz; (iv) the torch.ao FX numeric suite raises
-   ``KeyError`` on stock resnet18, qviz compares every quantized operator of it.
+   ``KeyError`` on stock resnet18 (watched in tests/upstream/test_torch_ao.py), qviz compares
+   every quantized operator of it.
 
 SQNR here is always qviz's definition, the float tensor as signal, pooled over all batches:
 ``10 log10(sum ref^2 / sum (ref - q)^2)``.
@@ -15,17 +16,15 @@ SQNR here is always qviz's definition, the float tensor as signal, pooled over a
 
 import copy
 import math
-import warnings
 
 import pytest
 import torch
 from torch import nn
 from torch.fx import GraphModule, Interpreter
 
-import qviz
 from qviz.data import digits_loaders, digits_model
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.numeric import compare
+from tests.helpers.quantize import quantize
 
 ao_debug = pytest.importorskip("torchao.quantization.pt2e")
 ao_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
@@ -102,12 +101,7 @@ def _quantized_ops(qgm: GraphModule) -> set[str]:
 
 # -- the two flows ----------------------------------------------------------------------------
 def _qviz_flow(model: nn.Module, batches: list[torch.Tensor]):
-    gm = qviz.export(model.eval(), (batches[0],))
-    quantizer = XNNPACKQuantizer().set_global(
-        get_symmetric_quantization_config(is_per_channel=True)
-    )
-    prepared = qviz.prepare_pt2e(gm, quantizer)  # works on a copy: gm stays the float graph
-    quantized = qviz.convert_pt2e(qviz.calibrate(prepared, batches, progress=False))
+    gm, _, quantized = quantize(model, batches, per_channel=True)  # gm stays the float graph
     return gm, quantized, compare(gm, quantized, batches, progress=False)
 
 
@@ -338,28 +332,6 @@ def test_iii_a_module_called_twice_gets_a_row_per_call():
     assert (
         abs(df.loc["relu", "cumulative_sqnr"] - df.loc["relu_1", "cumulative_sqnr"]) > 0.1
     )  # two values, not one
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=KeyError,
-    reason="torch.ao.ns._numeric_suite_fx (torch 2.14.1, 2.15.0): add_loggers raises KeyError "
-    "'layer1_0_conv1_1' on stock resnet18 (in-place ReLUs, one ReLU module called twice per "
-    "block); this passes (and strict xfail fails) once upstream fixes it",
-)
-def test_iv_fx_numeric_suite_adds_loggers_on_stock_resnet18():
-    from torch.ao.ns import _numeric_suite_fx as ns
-    from torch.ao.quantization import get_default_qconfig_mapping
-    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
-
-    model = _resnet18()
-    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization deprecation notices
-        prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (x,))
-        prepared(x)
-        converted = convert_fx(copy.deepcopy(prepared))
-        ns.add_loggers("fp32", prepared, "int8", converted, ns.OutputLogger)
 
 
 def test_iv_qviz_compares_every_quantized_op_of_stock_resnet18():

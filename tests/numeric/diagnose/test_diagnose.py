@@ -14,6 +14,7 @@ from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_
 from qviz.engine.quantizers.override import OverrideQuantizer
 from qviz.errors import ConfigError
 from qviz.numeric import Cause, diagnose, fallback
+from tests.helpers.quantize import quantize
 
 OVERRIDE = "qviz.engine.quantizers.override.OverrideQuantizer"
 
@@ -25,10 +26,7 @@ def _quantizer():
 def _run(model, calib, evaluate=None, quantizer=None):
     """(float graph, calibrated prepared, converted, report over ``evaluate``, diagnosis)."""
     evaluate = evaluate or calib
-    gm = qviz.export(model.eval(), (calib[0],), dynamic_batch=True)
-    prepared = qviz.prepare_pt2e(gm, quantizer or _quantizer())
-    qviz.calibrate(prepared, calib, progress=False)
-    converted = qviz.convert_pt2e(prepared)
+    gm, prepared, converted = quantize(model, calib, quantizer or _quantizer(), dynamic_batch=True)
     report = qviz.numeric.compare(gm, converted, evaluate, progress=False)
     return gm, prepared, converted, report, diagnose(report, prepared, data=evaluate)
 

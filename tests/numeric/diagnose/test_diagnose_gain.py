@@ -14,6 +14,7 @@ from qviz.engine.quantizers.override import OverrideQuantizer
 from qviz.engine.repair import bias_correction, smooth_quant
 from qviz.numeric import RepairSession
 from qviz.numeric.diagnose.diagnose import diagnose
+from tests.helpers.quantize import quantize
 
 
 def _quantizer(config=None):
@@ -24,10 +25,8 @@ def _quantizer(config=None):
 
 def _run(model, data, quantizer=None, **kwargs):
     """(float graph, prepared, converted, report, diagnosis), all on ``data``."""
-    gm = qviz.export(model.eval(), (data[0],), dynamic_batch=True)
-    prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer or _quantizer()), data,
-                              progress=False)  # fmt: skip
-    converted = qviz.convert_pt2e(prepared)
+    gm = qviz.export(model.eval(), (data[0],), dynamic_batch=True)  # smooth_quant's graph too
+    _, prepared, converted = quantize(gm, data, quantizer or _quantizer())
     report = qviz.numeric.compare(gm, converted, data, progress=False)
     diagnosis = diagnose(report, prepared, data=data, progress=False, **kwargs)
     return gm, prepared, converted, report, diagnosis

@@ -19,10 +19,10 @@ from torch import nn
 import qviz
 from qviz.engine.lower.lowered import LoweredModel
 from qviz.engine.lower.xnnpack import lower_exported
-from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 from qviz.numeric import BisectionResult, bisect_lowering, compare_lowered
 from qviz.numeric.lowering.bisect import _cut, _search
+from tests.helpers.quantize import quantize
 
 
 class Residual(nn.Module):
@@ -36,15 +36,6 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.l1(x)
         return self.l6(self.l5(self.l4(a + self.l3(self.l2(a)))))
-
-
-def _convert(model: nn.Module, x: torch.Tensor):
-    gm = qviz.export(model.eval(), (x,))
-    prepared = qviz.prepare_pt2e(
-        gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
-    )
-    qviz.calibrate(prepared, x, progress=False)
-    return qviz.convert_pt2e(prepared)
 
 
 def _is_quantize(node) -> bool:
@@ -64,13 +55,14 @@ def data():
 @pytest.fixture(scope="module")
 def chain(data):
     torch.manual_seed(1)
-    return _convert(nn.Sequential(*[nn.Linear(8, 8) for _ in range(9)]), data[0])
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(9)])
+    return quantize(model, data[0], per_channel=False).converted
 
 
 @pytest.fixture(scope="module")
 def residual(data):
     torch.manual_seed(2)
-    return _convert(Residual(), data[0])
+    return quantize(Residual(), data[0], per_channel=False).converted
 
 
 def _plant_onnx(lowered, index: int, factor: float = 1.5):
@@ -184,7 +176,7 @@ def test_a_departure_that_fades_is_found_and_reported(data):
     finds ``a`` departing: the search goes on from ``a``, names it and says the assumption
     failed."""
     torch.manual_seed(3)
-    converted = _convert(Fading(), data[0])
+    converted = quantize(Fading(), data[0], per_channel=False).converted
     planted = _plant_onnx(qviz.lower(converted, (data[0],), backend="onnxruntime"), 1)
     result = bisect_lowering(converted, planted, data)
     everything = compare_lowered(converted, planted, data)
@@ -264,23 +256,20 @@ def test_a_defect_planted_in_inductors_compile_is_found_by_compiling_cuts():
         *[m for _ in range(6) for m in (nn.Conv2d(4, 4, 3, padding=1), nn.ReLU())]
     )
     x = torch.randn(8, 4, 8, 8)
-    gm = qviz.export(model.eval(), (x,))
     from qviz.engine.lower.machine import machine
 
     # 7-bit activations where oneDNN's uint8 x int8 sums saturate (x86 without VNNI), as
     # qviz.lower asks there: the planted pass is the only defect on every CPU
     config = get_default_x86_inductor_quantization_config(reduce_range=not machine().exact_u8s8)
     quantizer = X86InductorQuantizer().set_global(config)
-    prepared = qviz.prepare_pt2e(gm, quantizer)
-    qviz.calibrate(prepared, x, progress=False)
-    converted = qviz.convert_pt2e(prepared)
-    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
-    planted = [n for n in converted.graph.nodes if n.target == quantize][3]
+    converted = quantize(model, x, quantizer).converted
+    quantize_op = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    planted = [n for n in converted.graph.nodes if n.target == quantize_op][3]
     scale = planted.args[1]
 
     def buggy_pass(graph):
         for node in graph.nodes:
-            if node.target == quantize and node.args[1] == scale:
+            if node.target == quantize_op and node.args[1] == scale:
                 node.args = (node.args[0], scale * 2, *node.args[2:])
 
     clean = qviz.lower(converted, (x,), backend="inductor")

@@ -21,16 +21,13 @@ from qviz.data import digits_loaders, digits_model
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.errors import ConfigError
 from qviz.numeric import compare_lowered
+from tests.helpers.quantize import quantize
 
 
 @pytest.fixture(scope="module")
 def digits():
     batches = [x for x, _ in digits_loaders(batch_size=36).calibration]
-    gm = qviz.export(digits_model().eval(), (batches[0],), dynamic_batch=True)
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
-    converted = qviz.convert_pt2e(prepared)
+    converted = quantize(digits_model(), batches, per_channel=True, dynamic_batch=True).converted
     return converted, batches, qviz.lower(converted, (batches[0],), backend="onnxruntime")
 
 

@@ -52,7 +52,7 @@ def test_calibration_falls_back_to_the_data_and_is_checked_when_given():
         variant_batches(data, [calibration[0], torch.randn(16, 5)], gm, "demo")
     with pytest.raises(CalibrationError, match=r"demo\(calibration_data=\.\.\.\): batch 0"):
         variant_batches(data, [torch.full((16, 8), float("nan"))], gm, "demo")
-    with pytest.raises(CalibrationError, match=r"demo\(data=\.\.\.\) got no batches"):
+    with pytest.raises(CalibrationError, match="demo got no batches"):
         variant_batches([], calibration, gm, "demo")
     assert variant_batches([], None, gm, "demo", allow_empty=True) == ([], [])
 

@@ -31,6 +31,7 @@ from qviz.engine.pt2e.passes.reference_representation import (
     to_reference_representation,
 )
 from qviz.errors import ConfigError, QuantizationError
+from tests.helpers.quantize import quantize
 
 ref_xnnpack = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
 
@@ -52,13 +53,6 @@ def _quantizer(**config: Any) -> Any:
         return ref_xnnpack.XNNPACKQuantizer().set_global(
             ref_xnnpack.get_symmetric_quantization_config(**config)
         )
-
-
-def _converted(model: nn.Module, batches: list[torch.Tensor], **config: Any) -> GraphModule:
-    gm = qviz.export(model.eval(), (batches[0],))
-    prepared = qviz.prepare_pt2e(gm, _quantizer(**config))
-    qviz.calibrate(prepared, batches, progress=False)
-    return qviz.convert_pt2e(prepared)
 
 
 def _float_ops(gm: GraphModule) -> list[Node]:
@@ -147,7 +141,7 @@ def _layer_calls(gm: GraphModule) -> list[Node]:
 def digits() -> tuple[GraphModule, GraphModule, list[torch.Tensor]]:
     torch.manual_seed(0)
     calibration = [images for images, _ in digits_loaders(batch_size=36).calibration]
-    qdq = _converted(digits_model(), calibration, is_per_channel=True)
+    qdq = quantize(digits_model(), calibration, _quantizer(is_per_channel=True)).converted
     return qdq, _rewritten(qdq), calibration
 
 
@@ -210,7 +204,7 @@ def _conv2d(bias: bool) -> tuple[nn.Module, list[torch.Tensor]]:
 @pytest.mark.parametrize("build", [_linear, _conv1d, _conv2d])
 def test_small_models_within_one_level(build, bias: bool, per_channel: bool) -> None:
     model, batches = build(bias)
-    qdq = _converted(model, batches, is_per_channel=per_channel)
+    qdq = quantize(model, batches, _quantizer(is_per_channel=per_channel)).converted
     reference = _rewritten(qdq)
     out_scale = _output_scale(qdq)
     for x in [*batches, 3 * torch.randn_like(batches[0])]:  # calibration data and outliers
@@ -221,7 +215,7 @@ def test_small_models_within_one_level(build, bias: bool, per_channel: bool) -> 
 
 def test_reexport_with_torch_export_gives_the_same_integers() -> None:
     model, batches = _conv2d(bias=True)
-    reference = _rewritten(_converted(model, batches, is_per_channel=True))
+    reference = _rewritten(quantize(model, batches, _quantizer(is_per_channel=True)).converted)
     exported = torch.export.export(reference, (batches[0],)).module()
     assert torch.equal(exported(batches[1]), reference(batches[1]))
 
@@ -232,7 +226,8 @@ def test_reexport_with_torch_export_gives_the_same_integers() -> None:
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
 def test_dynamic_quantization_becomes_dynamic_quantized_linear(per_channel: bool) -> None:
     model, batches = _linear(bias=True)
-    qdq = _converted(model, batches, is_per_channel=per_channel, is_dynamic=True)
+    quantizer = _quantizer(is_per_channel=per_channel, is_dynamic=True)
+    qdq = quantize(model, batches, quantizer).converted
     reference = to_reference_representation(copy.deepcopy(qdq))
     calls = [n for n in reference.graph.nodes if REPLACES in n.meta]
     assert [n.target for n in calls].count(reference_ops.dynamic_quantized_linear) == 2
@@ -246,13 +241,13 @@ def test_dynamic_quantization_becomes_dynamic_quantized_linear(per_channel: bool
 
 def test_linear_without_output_quantize_is_left_unchanged() -> None:
     model, batches = _linear(bias=True)
-    qdq = _converted(model, batches)
+    qdq = quantize(model, batches, _quantizer()).converted
     last = _float_ops(qdq)[-1]
-    (quantize,) = last.users
-    (dequantize,) = quantize.users
+    (quantize_node,) = last.users
+    (dequantize,) = quantize_node.users
     dequantize.replace_all_uses_with(last)  # the last linear now feeds the output in float
     qdq.graph.erase_node(dequantize)
-    qdq.graph.erase_node(quantize)
+    qdq.graph.erase_node(quantize_node)
     qdq.recompile()
     reference = to_reference_representation(copy.deepcopy(qdq))
     assert [n.name for n in _float_ops(reference)] == [last.name]
@@ -262,7 +257,7 @@ def test_linear_without_output_quantize_is_left_unchanged() -> None:
 
 def test_float_weight_is_left_unchanged() -> None:
     model, batches = _conv2d(bias=False)
-    qdq = _converted(model, batches, is_per_channel=True)
+    qdq = quantize(model, batches, _quantizer(is_per_channel=True)).converted
     first = _float_ops(qdq)[0]
     weight_dq = first.args[1]
     qdq.register_buffer("float_weight", model[0].weight.detach().clone())
@@ -280,7 +275,7 @@ def test_possible_int32_overflow_is_left_in_float_with_a_warning() -> None:
     model = nn.Linear(140_000, 1)
     nn.init.constant_(model.weight, 1.0)  # every int8 weight is 127: 140,000 * 127 * 128 > 2**31
     batches = [torch.randn(2, 140_000)]
-    qdq = _converted(model, batches)
+    qdq = quantize(model, batches, _quantizer()).converted
     with pytest.warns(UserWarning, match="int32 accumulator could reach"):
         reference = to_reference_representation(qdq)
     assert len(_float_ops(reference)) == 1
@@ -390,15 +385,8 @@ def test_int32_accumulation_is_exact_near_the_int32_limit() -> None:
 
 def test_convert_pt2e_flag_gives_the_reference_representation():
     """The public switch: no float linear/conv left, outputs within one output step."""
-    import qviz
-    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
-
     batches = [x for x, _ in digits_loaders(batch_size=36).calibration]
-    gm = qviz.export(digits_model(), (batches[0],))
-    config = get_symmetric_quantization_config(is_per_channel=True)
-    prepared = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config))
-    qviz.calibrate(prepared, batches, progress=False)
-    qdq = qviz.convert_pt2e(prepared)
+    _, prepared, qdq = quantize(digits_model(), batches, per_channel=True)
     integer = qviz.convert_pt2e(prepared, use_reference_representation=True)
     float_ops = {torch.ops.aten.linear.default, torch.ops.aten.conv2d.default}
     assert not [n for n in integer.graph.nodes if n.target in float_ops]

@@ -37,6 +37,7 @@ from torch.fx import GraphModule
 import qviz
 from qviz.engine.pt2e.passes import reference_ops as ops
 from qviz.engine.pt2e.passes.reference_representation import REPLACES, quantized_linear
+from tests.helpers.quantize import quantize
 
 ref_pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 ref_rewrite = pytest.importorskip("torchao.quantization.pt2e.reference_representation_rewrite")
@@ -73,8 +74,8 @@ def _both(model: nn.Module, batches: list, **config: Any) -> tuple[GraphModule, 
     for b in batches:
         ref(b)
     ref = ref_rewrite.reference_representation_rewrite(ref_pt2e.convert_pt2e(ref))
-    ours = qviz.calibrate(qviz.prepare_pt2e(gm, _quantizer(**config)), batches, progress=False)
-    return ref, qviz.convert_pt2e(ours), qviz.convert_pt2e(ours, use_reference_representation=True)
+    _, ours, qdq = quantize(gm, batches, _quantizer(**config))
+    return ref, qdq, qviz.convert_pt2e(ours, use_reference_representation=True)
 
 
 def _targets(gm: GraphModule) -> list[Any]:

@@ -102,7 +102,8 @@ def test_mse_matches_a_brute_force_search_on_the_data(kind, num_bits):
 
 
 def _reference_mse_amax(counts, edges, num_bits: int, start_bin: int = 128) -> float:
-    """NVIDIA's mse search, with the argument slip of modelopt 0.47 corrected (see below)."""
+    """NVIDIA's mse search, with the argument slip of modelopt 0.47 corrected (watched in
+    tests/upstream/test_modelopt.py)."""
     from modelopt.torch.quantization.tensor_quant import fake_tensor_quant as ref_fq
 
     counts = counts.float()
@@ -129,22 +130,9 @@ def test_mse_agrees_with_nvidia(kind, num_bits):
 
 def test_qviz_mse_search_picks_the_max_on_uniform_data():
     """On uniform data the MSE optimum is the max: qviz's search finds it (the reference's
-    search is broken in the installed release, see the next test)."""
+    search is broken in the installed release: tests/upstream/test_modelopt.py)."""
     calib = _calibrated(_samples("uniform", n=50_000))
     assert float(calib.compute_amax("mse")) > 0.98 * float(calib.compute_amax("max"))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="nvidia-modelopt 0.47: _compute_amax_mse calls fake_tensor_quant(centers, amax, "
-    "num_bits, unsigned), whose third parameter is now `bias`, so it quantizes centers - 8 and "
-    "picks far too small a range; this passes (and strict xfail fails) once upstream fixes it",
-)
-def test_modelopt_mse_search_picks_the_max_on_uniform_data():
-    calib = _calibrated(_samples("uniform", n=50_000))
-    counts, edges = calib.histogram()
-    ref = float(ref_hist._compute_amax_mse(counts.numpy(), edges.numpy(), 8, False, 1, 128))
-    assert ref > 0.98 * float(calib.compute_amax("max"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
