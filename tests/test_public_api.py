@@ -338,6 +338,14 @@ def test_only_views_and_plots_of_numeric_import_matplotlib():
         if any(n.split(".")[0] == "matplotlib" or n.startswith("qviz.display") for n in names):
             drawing.append(path.relative_to(root).as_posix())
             assert path.stem.endswith(("view", "plot", "plots")), f"{path} draws"
+        if not path.stem.endswith(("view", "plot", "plots")):  # no hand-written HTML table
+            import ast
+
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    assert "<table" not in node.value and "<td" not in node.value, (
+                        f"{path}:{node.lineno} writes an HTML table: draw it in the topic's view"
+                    )
     assert drawing  # the test sees the plots at all
 
 

@@ -46,7 +46,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -145,15 +144,9 @@ class BisectionResult:
         return self.summary()
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{c}</th>" for c in _COLUMNS)
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(str(p[c]))}</td>" for c in _COLUMNS) + "</tr>"
-            for p in self.probes
-        )
-        return (
-            f"<p>{html.escape(self.summary())}</p><p>probe: {html.escape(self.method)}</p>"
-            f"<table><tr>{head}</tr>{rows}</table>"
-        )
+        from qviz.numeric.lowering.view import bisection_html
+
+        return bisection_html(self)
 
 
 def _bits(mask: int) -> Iterator[int]:

@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -232,17 +231,9 @@ class PrecisionResult:
         return pareto_plot(self, selected=selected)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{c}</th>" for c in ("point", "cost", "estimate", "measured", "meets"))
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-                e.point, f"{e.cost:#.4g}", f"{self.front[e.point].estimate:#.4g}",
-                f"{self.figure_of(e):#.4g}", "yes" if e.meets else "no")) + "</tr>"
-            for e in self.full_evaluations if e.point is not None
-        )  # fmt: skip
-        return (
-            f"<p><b>search_precision</b>: {html.escape(self.summary())}</p>"
-            f"<table><tr>{head}</tr>{rows}</table>"
-        )
+        from qviz.numeric.precision.view import result_html
+
+        return result_html(self)
 
 
 def _precision_order(name: str) -> tuple[int, int]:
