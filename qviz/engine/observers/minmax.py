@@ -283,8 +283,10 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
 
     Args:
         averaging_constant: weight of the newest batch, in (0, 1].
-        ch_axis, dtype, qscheme, reduce_range, quant_min, quant_max, eps, is_dynamic,
-            factory_kwargs: as :class:`PerChannelMinMaxObserver`.
+
+    The other arguments (``ch_axis``, ``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``,
+    ``quant_max``, ``eps``, ``is_dynamic``, ``factory_kwargs``) are those of
+    :class:`PerChannelMinMaxObserver`.
 
     Example:
         >>> import torch

@@ -177,10 +177,9 @@ def calibrate_quantizers(
         ConfigError: not a quant_nn model (checked first), an unknown method, a bad
             ``max_batches`` or ``group``, or a failing batch (named by index).
         CalibrationError: no enabled TensorQuantizer, no batches, or quantizers that saw no
-            data (named: their layers never ran).
-
-        Distributed, whatever one rank raises before the merge (a bad argument included) is
-        raised on every rank at once, naming that rank (as for :func:`qviz.calibrate`).
+            data (named: their layers never ran). Distributed, whatever one rank raises before
+            the merge (a bad argument included) is raised on every rank at once, naming that
+            rank (as for :func:`qviz.calibrate`).
 
     Example:
         >>> import torch, qviz
