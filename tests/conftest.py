@@ -21,6 +21,24 @@ for var, sub in {
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+#: Test files that take minutes on one worker, longest first. ``make test`` spreads whole files
+#: over two workers (``--dist loadfile``) in collection order, so a long file collected last
+#: (the JupyterLab notebook runs: 8 min on an AVX2 EPYC) ran alone at the end; collected first,
+#: the short files fill the other worker meanwhile.
+LONGEST_FIRST = ("tests/widgets/e2e/test_notebooks_e2e.py", "tests/test_notebooks.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collect :data:`LONGEST_FIRST`'s files first; every file's own order is kept."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
