@@ -49,7 +49,7 @@ from torch.fx import GraphModule
 from qviz.engine.graph.fingerprint import check_fingerprint, check_lineage
 from qviz.engine.graph.inputs import bind_batch
 from qviz.engine.graph.stage import Stage, check_stage
-from qviz.errors import ConfigError, QvizError, closest_names
+from qviz.errors import ConfigError, closest_names
 from qviz.numeric.compare.compare import float_graph_of
 from qviz.numeric.compare.detail import LayerDetail, layer_detail
 from qviz.numeric.variants.variants import quantize_variant, variant_batches
@@ -398,16 +398,6 @@ class NumericDashboard(ViewOwner):
         return sorted_rows(rows, self.state.sort_by, self._order)
 
     # -- state changes -------------------------------------------------------------------------
-    def _guard(self, action: Callable[[], None]) -> NumericDashboard:
-        before = self.state
-        try:
-            action()
-            self.error = None
-        except QvizError as exc:
-            self.state, self.error = before, str(exc)
-        self.view.refresh()
-        return self
-
     def _set(self, **changes: Any) -> None:
         self.state = dataclasses.replace(self.state, **changes)
 

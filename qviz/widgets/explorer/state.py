@@ -177,16 +177,6 @@ class CalibrationExplorer(ViewOwner):
         return self.source.overrides()
 
     # -- state changes -------------------------------------------------------------------------
-    def _guard(self, action: Any) -> CalibrationExplorer:
-        before = self.state
-        try:
-            action()
-            self.error = None
-        except QvizError as exc:
-            self.state, self.error = before, str(exc)
-        self.view.refresh()
-        return self
-
     def _state_for(self, observer: str) -> ExplorerState:
         return ExplorerState(observer, *self.source.start(observer))
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from qviz.engine.graph.fingerprint import fingerprint
 from qviz.engine.graph.stage import Stage, check_stage
-from qviz.errors import ConfigError, QvizError
+from qviz.errors import ConfigError
 from qviz.numeric.precision.result import Evaluation, PrecisionResult
 from qviz.widgets.kit.view_owner import ViewOwner
 from qviz.widgets.precision.view import PrecisionExplorerView, evaluation_of
@@ -191,15 +191,6 @@ class PrecisionExplorer(ViewOwner):
             raise ConfigError(f"point={point!r}: give an index of result.front") from None
         self.result._point(index)  # the range check
         return index % len(self.result.front)
-
-    def _guard(self, action: Any) -> PrecisionExplorer:
-        try:
-            action()
-            self.error = None
-        except QvizError as exc:
-            self.error = str(exc)
-        self.view.refresh()
-        return self
 
     def __repr__(self) -> str:
         used = "" if self.point is None else f", using point {self.point}"
