@@ -400,6 +400,14 @@ def clamp_to_grid(gm: GraphModule) -> int:
     return count
 
 
+def _compile_copy(converted: GraphModule) -> GraphModule:
+    """What Inductor compiles: a copy (its freezing never touches the caller's weights) with
+    every narrow grid clamped (:func:`clamp_to_grid`)."""
+    model = copy.deepcopy(converted)
+    clamp_to_grid(model)
+    return model
+
+
 def _int_format(converted: GraphModule) -> IntegerFormat:
     """The format oneDNN computes here, or a LoweringError where it would saturate."""
     here = machine()
@@ -432,8 +440,7 @@ def lower_inductor(
     path it was written to, and the size: code plus frozen constants."""
     int_format = _int_format(converted)
     _passes()
-    model = copy.deepcopy(converted)  # Inductor's freezing never touches the caller's weights
-    clamp_to_grid(model)
+    model = _compile_copy(converted)
     dynamic = dynamic_batch
     try:
         try:
@@ -445,8 +452,7 @@ def lower_inductor(
             # quantized conv's layout; the x86 passes' 3-d linear reshapes build torch.Size from
             # a symbolic size): each new batch size compiles its own static program, on a fresh
             dynamic = False
-            model = copy.deepcopy(converted)  # copy: dynamo caches on the forward's code
-            clamp_to_grid(model)
+            model = _compile_copy(converted)  # a new copy: dynamo caches on the forward's code
             compiled, capture, graph, code = _compile(model, example_inputs, False)
     except (ConfigError, LoweringError):
         raise

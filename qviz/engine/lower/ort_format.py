@@ -216,7 +216,7 @@ def uint8_weights(model: Any) -> int:
         >>> numpy_helper.to_array(m.graph.initializer[1]).tolist()
         [0, 128, 255]
     """
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto
 
     _, _, np = _helpers()
     graph = model.graph
@@ -231,14 +231,7 @@ def uint8_weights(model: Any) -> int:
             if slot == 2 and len(node.input) < 3:  # no zero point: int8's default is 0
                 node.input.append(_zero_point(graph, restated, np))
                 continue
-            name = node.input[slot]
-            if name not in restated:
-                values = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
-                graph.initializer.append(
-                    numpy_helper.from_array(values.astype(np.uint8), f"{name}_u8w")
-                )
-                restated[name] = f"{name}_u8w"
-            node.input[slot] = restated[name]
+            node.input[slot] = _restated(node.input[slot], graph, initializers, restated, np)
         count += 1
     count += _quantized_float_weights(graph, initializers, restated, np)
     used = {name for node in graph.node for name in node.input}
@@ -255,7 +248,7 @@ def _quantized_float_weights(
     int8 zero point, as the tensor-level toolkit exports them; onnxruntime folds it into an
     int8 constant): its zero point, and that of the DequantizeLinear reading it, restated as
     uint8 (+128), so the folded weight is uint8 with the same values. How many were restated."""
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto
 
     count = 0
     readers: dict[str, list[Any]] = {}
@@ -272,21 +265,27 @@ def _quantized_float_weights(
         dequantizers = readers.get(node.output[0], [])
         if not dequantizers or any(r.op_type != "DequantizeLinear" for r in dequantizers):
             continue
-        for user in (node, *dequantizers):
-            name = user.input[2] if len(user.input) > 2 else ""
-            if not name or initializers.get(name) is None:
-                break  # a DequantizeLinear without the same explicit zero point: left as is
-            if name not in restated:
-                values = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
-                graph.initializer.append(
-                    numpy_helper.from_array(values.astype(np.uint8), f"{name}_u8w")
-                )
-                restated[name] = f"{name}_u8w"
-        else:
-            for user in (node, *dequantizers):
-                user.input[2] = restated[user.input[2]]
-            count += 1
+        users = (node, *dequantizers)
+        if any(len(u.input) < 3 or u.input[2] not in initializers for u in users):
+            continue  # a DequantizeLinear without an explicit zero point: left as is
+        for user in users:
+            user.input[2] = _restated(user.input[2], graph, initializers, restated, np)
+        count += 1
     return count
+
+
+def _restated(
+    name: str, graph: Any, initializers: dict[str, Any], restated: dict[str, str], np: Any
+) -> str:
+    """The name of int8 initializer ``name`` restated as uint8 (each value + 128), added to
+    ``graph`` the first time it is asked for."""
+    from onnx import numpy_helper
+
+    if name not in restated:
+        values = numpy_helper.to_array(initializers[name]).astype(np.int16) + 128
+        graph.initializer.append(numpy_helper.from_array(values.astype(np.uint8), f"{name}_u8w"))
+        restated[name] = f"{name}_u8w"
+    return restated[name]
 
 
 def _zero_point(graph: Any, restated: dict[str, str], np: Any) -> str:
