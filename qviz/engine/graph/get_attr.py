@@ -103,6 +103,16 @@ def drop_unread_constants(gm: Any) -> None:
     ]
     for name, _ in named:
         owner, _, attr = name.rpartition(".")
-        inside = any(name.startswith(f"{o}.") for o in owners)
-        if name not in read and not inside and hasattr(gm.get_submodule(owner), attr):
+        if (
+            name not in read
+            and not _inside(name, owners)
+            and hasattr(gm.get_submodule(owner), attr)
+        ):
             delattr(gm.get_submodule(owner), attr)
+
+
+def _inside(name: str, owners: set[str]) -> bool:
+    """Whether dotted ``name`` lies inside one of ``owners`` (one of its proper prefixes is an
+    owner): one set lookup per level, not one string test per owner."""
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in owners for i in range(1, len(parts)))

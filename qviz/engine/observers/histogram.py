@@ -314,11 +314,25 @@ min=-1 max=1)
 
     def _l2_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         hist = self.histogram.detach().to("cpu")
-        start, end = l2_search(hist, float(self.min_val), float(self.max_val), self.dst_nbins)
+        start, end = self._l2_range(hist, float(self.min_val), float(self.max_val))
         bin_width = (self.max_val - self.min_val) / self.bins
         low = self.min_val + bin_width * start
         high = self.min_val + bin_width * (end + 1)
         return self._calculate_qparams(low, high)
+
+    def _l2_range(self, hist: torch.Tensor, low: float, high: float) -> tuple[int, int]:
+        """:func:`l2_search`'s bins for these statistics, remembered with them: the search is a
+        pure function of its arguments, so an observer asked again for unchanged statistics (a
+        copy of a calibrated one, as ``ObserverReuse`` makes for every variant) gets the same
+        answer without searching again."""
+        memo = getattr(self, "_l2_memo", None)
+        if memo is not None:
+            (m_hist, m_low, m_high, m_bins), found = memo
+            if (m_low, m_high, m_bins) == (low, high, self.dst_nbins) and torch.equal(m_hist, hist):
+                return found
+        found = l2_search(hist, low, high, self.dst_nbins)
+        self._l2_memo = ((hist.clone(), low, high, self.dst_nbins), found)
+        return found
 
     def _amax(self, method: str, amax_kwargs: dict[str, Any]) -> torch.Tensor:
         if self.calibrator is None or self.calibrator.num_batches == 0:

@@ -179,6 +179,7 @@ def convert_pt2e(
     fold_quantize: bool = True,
     use_reference_representation: bool = False,
     allow_uncalibrated: bool = False,
+    inplace: bool = False,
 ) -> GraphModule:
     """Replace the observers of a calibrated model by quantize/dequantize ops; return the copy.
 
@@ -194,6 +195,10 @@ def convert_pt2e(
             (what the reference does silently), with a warning that lists them, instead of
             refusing. For graphs whose numbers do not matter: a structural test, a lowering
             dry run.
+        inplace: convert ``model`` itself and return it, instead of a copy (as
+            ``torch.ao.quantization.convert(inplace=True)``): no second copy of the weights and
+            observers is made, and the prepared model is gone (its observers are removed). For
+            a prepared model nobody needs again, such as one built only to be converted.
 
     Raises:
         CalibrationError: observers that saw no data, each listed with the tensors it observes
@@ -213,11 +218,14 @@ def convert_pt2e(
         ['dequantize_per_tensor.default', 'linear.default', 'quantize_per_tensor.default']
         >>> [(name, t.dtype) for name, t in quantized.named_buffers()]   # the weight, as int8
         [('_frozen_param0', torch.int8)]
+        >>> qviz.convert_pt2e(prepared, inplace=True) is prepared   # no copy: prepared is gone
+        True
     """
     _check_arguments(model, fold_quantize, use_reference_representation)
+    digest = tensors_digest(model)  # the statistics it was converted with
     # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
-    gm = rebind_annotations(copy.deepcopy(model))
-    gm.meta[CALIBRATED_KEY] = tensors_digest(model)  # the statistics it was converted with
+    gm = model if inplace else rebind_annotations(copy.deepcopy(model))
+    gm.meta[CALIBRATED_KEY] = digest
     ForwardUndo.detach(gm)  # QAT's restore-on-error: a converted model changes no state
     _check_batch_norm(gm)
     renamed = fold_qat_conv_bn(gm)  # QAT's trainable conv + BatchNorm pairs (none after PTQ)
@@ -274,9 +282,9 @@ def _replace_observers(
     port_metadata(gm)
     if fold_quantize:
         fold_quantized_constants(gm)
+    for name in {str(n.target) for n in nodes}:  # first: their own buffers are not touched
+        delattr(gm, name)  # (an observer module may live on, e.g. in an ObserverReuse)
     drop_unread_constants(gm)
-    for name in {str(n.target) for n in nodes}:
-        delattr(gm, name)
     gm.graph.lint()
     gm.recompile()
     return qparams

@@ -30,7 +30,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -94,16 +97,19 @@ class ObserverReuse:
     """
 
     def __init__(self, prepared: GraphModule | None = None) -> None:
-        self._keys: dict[_Key, tuple[GraphModule, Any]] = {}
+        # each observation's observer module (calibrated in place after it is added; kept when
+        # its model is converted in place) and its group
+        self._keys: dict[_Key, tuple[torch.nn.Module, Any]] = {}
         if prepared is not None:
             self.add(prepared)
 
     def add(self, prepared: GraphModule) -> None:
         """Another prepared model (not yet calibrated; calibrate it afterwards) whose observers
         the variants may take copies of: a variant is filled from any mix of the models added
-        (each observer from the first model that has its observation)."""
+        (each observer from the first model that has its observation). Its observer modules
+        are held, not the model: it may be converted in place once calibrated."""
         for key, group in _observation_keys(prepared).items():
-            self._keys.setdefault(key, (prepared, group))
+            self._keys.setdefault(key, (getattr(prepared, group.observer), group))
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -111,17 +117,93 @@ class ObserverReuse:
     def fill(self, variant: GraphModule) -> bool:
         """Give every observer of ``variant`` (prepared, not yet calibrated) a copy of the
         calibrated state of the same observation; True when done. False, with ``variant``
-        unchanged, when one of its observers has no such twin: calibrate it then."""
+        unchanged, when one of its observers has no such twin: calibrate it then (or use
+        :meth:`fill_known` and calibrate only the rest)."""
         wanted = _observation_keys(variant)
         if any(key not in self._keys for key in wanted):
             return False
-        for key, group in wanted.items():
-            source, calibrated = self._keys[key]
-            twin = copy.deepcopy(getattr(source, calibrated.observer))
+        self._filled(variant, wanted)
+        return True
+
+    def fill_known(self, variant: GraphModule) -> Filling:
+        """Give each observer of ``variant`` that has a twin a copy of its calibrated state;
+        what was copied and what is left to calibrate. Calibrate the rest with the copies
+        held out (:func:`held_out`), so they see no data twice.
+
+        Example:
+            >>> import torch, qviz
+            >>> from qviz.engine.quantizers import XNNPACKQuantizer
+            >>> from qviz.engine.quantizers import get_symmetric_quantization_config as config
+            >>> from qviz.numeric import fallback
+            >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).eval()
+            >>> data = [torch.randn(8, 4)]
+            >>> gm, q = qviz.export(m, (data[0],)), XNNPACKQuantizer().set_global(config())
+            >>> partly = qviz.prepare_pt2e(gm, fallback(q, "linear_1"))
+            >>> reuse = ObserverReuse(partly)
+            >>> _ = qviz.calibrate(partly, data, progress=False)
+            >>> full = qviz.prepare_pt2e(gm, q)  # linear_1's weight and output: no twin
+            >>> filling = reuse.fill_known(full)
+            >>> len(filling.copied), len(filling.left)
+            (3, 2)
+            >>> with held_out(full, filling.copied):
+            ...     _ = qviz.calibrate(full, data, progress=False)
+        """
+        wanted = _observation_keys(variant)
+        known = {key: group for key, group in wanted.items() if key in self._keys}
+        copied = self._filled(variant, known)
+        left = tuple(group.observer for key, group in wanted.items() if key not in known)
+        return Filling(copied=tuple(copied), left=left)
+
+    def _filled(self, variant: GraphModule, groups: dict[_Key, Any]) -> list[str]:
+        """Each of ``groups`` (key -> the variant's group) given its twin's copy; the names."""
+        names = []
+        for key, group in groups.items():
+            twin = copy.deepcopy(self._keys[key][0])
             own = getattr(variant, group.observer)
             for attr in _NAMING:  # the variant's own names for it
                 if hasattr(own, attr):
                     setattr(twin, attr, getattr(own, attr))
             for name in group.calls:  # one module under each name the graph calls it by
                 setattr(variant, name, twin)
-        return True
+                names.append(name)
+        return names
+
+
+class _Passed(torch.nn.Module):
+    """Stands in for an observer whose statistics are final: its input, unseen."""
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+@dataclass(frozen=True)
+class Filling:
+    """What :meth:`ObserverReuse.fill_known` did to a variant.
+
+    Attributes:
+        copied: the observer module names given a calibrated copy (every name each is called
+            by).
+        left: the observers (one name each) that have no twin: they still need data.
+    """
+
+    copied: tuple[str, ...]
+    left: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def held_out(prepared: GraphModule, observers: tuple[str, ...] | list[str]) -> Iterator[None]:
+    """Within the block, the observer modules named ``observers`` (every name each is called
+    by: :attr:`Filling.copied`) pass their input on unseen; they are put back as they were
+    afterwards, also when the block raises.
+
+    A post-training observer returns its input unchanged, so the observers that do see the
+    data run through ``prepared`` see exactly what a full calibration pass shows them.
+    """
+    held = {name: getattr(prepared, name) for name in observers}
+    for name in held:
+        setattr(prepared, name, _Passed())
+    try:
+        yield
+    finally:
+        for name, module in held.items():
+            setattr(prepared, name, module)

@@ -67,14 +67,19 @@ def scalars_to_tensors(gm: GraphModule) -> GraphModule:
         >>> scalars_to_tensors(gm) is gm
         True
     """
+    changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SCALAR_OPERAND_OPS:
             continue
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or not val.is_floating_point():
             continue
+        if all(isinstance(arg, Node) for arg in node.args):
+            continue
         node.args = tuple(
             arg if isinstance(arg, Node) else _constant_node(gm, node, arg) for arg in node.args
         )
-    gm.recompile()
+        changed = True
+    if changed:  # the code only when the graph changed
+        gm.recompile()
     return gm

@@ -164,7 +164,8 @@ def _baseline(
     ops = quantized_ops(full.plan, gm)
     reuse = ObserverReuse(full)  # before calibrating: the observers' starting state
     qviz.calibrate(full, calibration, progress=False, group=group)
-    return ops, reuse, evaluator.score(qviz.convert_pt2e(full), "the fully quantized model")
+    converted = qviz.convert_pt2e(full, inplace=True)  # reuse holds its observers, not it
+    return ops, reuse, evaluator.score(converted, "the fully quantized model")
 
 
 def _label(node: str, mode: str) -> str:

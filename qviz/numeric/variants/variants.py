@@ -3,9 +3,11 @@ what :func:`~qviz.numeric.sensitivity` and :func:`~qviz.numeric.search_precision
 the dozen.
 
 * :class:`VariantScorer` keeps the float model's outputs on the evaluation data once, and scores
-  a quantized variant by its output SQNR and the user's metric (over every rank of a process
-  group: one exchange per score, so every rank sees the same figures). A figure that is not a
-  number (:mod:`qviz.numeric.measure.totals`) is refused with a MeasurementError naming the variant,
+  a quantized variant by its output SQNR and the user's metric over every rank of a process
+  group (one exchange per score, so every rank sees the same figures). A converted variant runs
+  as its exact simulation (:func:`~qviz.engine.pt2e.simulation.simulated`: its outputs bit for
+  bit, at about the cost of a float forward). A figure that is not a number
+  (:mod:`qviz.numeric.measure.totals`) is refused with a MeasurementError naming the variant,
   never ranked or searched on.
 * :func:`quantize_variant` prepares a variant, fills its observers from an
   :class:`~qviz.engine.pt2e.observer_reuse.ObserverReuse` where each has a calibrated twin
@@ -42,7 +44,8 @@ from torch.fx import GraphModule
 
 from qviz.engine import distributed
 from qviz.engine.graph.inputs import bind_batch, call_model, measured_batches
-from qviz.engine.pt2e.observer_reuse import ObserverReuse
+from qviz.engine.pt2e.observer_reuse import ObserverReuse, held_out
+from qviz.engine.pt2e.simulation import simulated
 from qviz.errors import ConfigError
 from qviz.numeric.measure.batches import batch_size, metric_value
 from qviz.numeric.measure.totals import OutputTotals, check_figures
@@ -102,6 +105,8 @@ class VariantScorer:
         """This process's output statistics, metric sum and sample count (``model`` None: the
         float model against itself)."""
         totals = OutputTotals.for_metric(self.metric)
+        if isinstance(model, GraphModule):  # the converted model's outputs, bit for bit, faster
+            model = simulated(model)
         with torch.no_grad():
             for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
                 out = ref if model is None else call_model(model, bound, name)
@@ -197,9 +202,10 @@ def prepare_variant(
     progress: bool = False,
 ) -> GraphModule:
     """Prepare (every rank's prepare exchanged first: one that fails is named on every rank)
-    and calibrate over every rank, or take ``reuse``'s copies where every observer has one
-    (the same statistics, without the pass); a variant calibrated is added to ``reuse``, for
-    the variants after it.
+    and calibrate over every rank, taking ``reuse``'s copies for the observers that have a
+    twin (the same statistics, without seeing the data): when every observer has one there is
+    no pass; otherwise one pass in which only the others see the data. A variant calibrated is
+    added to ``reuse``, for the variants after it.
 
     Example:
         >>> import torch, qviz
@@ -219,10 +225,14 @@ def prepare_variant(
         return qviz.prepare_pt2e(gm, quantizer)
 
     prepared = distributed.sharded(prepare, group, where, share=lambda _: None).result
-    if reuse is None or not reuse.fill(prepared):
-        if reuse is not None:
-            reuse.add(prepared)  # before calibrating: its observers' starting state
+    if reuse is None:
         qviz.calibrate(prepared, calibration, progress=progress, group=group)
+        return prepared
+    filling = reuse.fill_known(prepared)
+    if filling.left:  # a group whose membership changed: only its observers see the data
+        reuse.add(prepared)  # before calibrating: its observers' starting state
+        with held_out(prepared, filling.copied):
+            qviz.calibrate(prepared, calibration, progress=progress, group=group)
     return prepared
 
 
@@ -236,7 +246,8 @@ def quantize_variant(
     *,
     progress: bool = False,
 ) -> GraphModule:
-    """:func:`prepare_variant`, then convert.
+    """:func:`prepare_variant`, then convert (in place: the prepared model is the variant's own;
+    ``reuse`` holds its observers, not the model).
 
     Example:
         >>> import torch, qviz
@@ -250,7 +261,7 @@ def quantize_variant(
     import qviz
 
     prepared = prepare_variant(gm, quantizer, calibration, group, reuse, where, progress=progress)
-    return qviz.convert_pt2e(prepared)
+    return qviz.convert_pt2e(prepared, inplace=True)  # nobody else holds this prepared model
 
 
 def quantized_ops(prepared_plan: Any, gm: GraphModule) -> list[str]:

@@ -10,7 +10,7 @@ from torch import nn
 
 import qviz
 from qviz.data import digits_loaders, digits_model
-from qviz.engine.pt2e.observer_reuse import ObserverReuse
+from qviz.engine.pt2e.observer_reuse import Filling, ObserverReuse
 from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
 from qviz.numeric import fallback, sensitivity
 
@@ -32,19 +32,28 @@ def digits():
 
 @pytest.mark.parametrize("mode", ["fallback", "solo"])
 def test_sensitivity_is_bitwise_what_calibrating_every_variant_gives(digits, mode, monkeypatch):
+    """Copies where every observer has a twin, a pass seen only by the others where some have
+    none: the same frame as a full calibration pass for every variant."""
     gm, quantizer, calib, test = digits
-    filled = []
-    original = ObserverReuse.fill
+    fillings = []
+    original = ObserverReuse.fill_known
 
     def counted(self, variant):
-        filled.append(original(self, variant))
-        return filled[-1]
+        fillings.append(original(self, variant))
+        return fillings[-1]
 
-    monkeypatch.setattr(ObserverReuse, "fill", counted)
+    monkeypatch.setattr(ObserverReuse, "fill_known", counted)
     once = sensitivity(gm, quantizer, test, metric=_accuracy, mode=mode,
                        calibration_data=calib, progress=False)  # fmt: skip
-    assert sum(filled) >= len(filled) // 2 > 0  # most variants took copies
-    monkeypatch.setattr(ObserverReuse, "fill", lambda self, variant: False)
+    whole = sum(not f.left for f in fillings)
+    assert whole >= len(fillings) // 2 > 0  # most variants took copies only
+    if mode == "fallback":  # a pool that shared its input's observer observes alone: only it
+        assert any(f.copied and f.left for f in fillings)  # and its kin see the data
+
+    def nothing_known(self, variant):
+        return Filling(copied=(), left=tuple(variant.plan.observer_names()))
+
+    monkeypatch.setattr(ObserverReuse, "fill_known", nothing_known)
     every = sensitivity(gm, quantizer, test, metric=_accuracy, mode=mode,
                         calibration_data=calib, progress=False)  # fmt: skip
     pd.testing.assert_frame_equal(once, every, check_exact=True)

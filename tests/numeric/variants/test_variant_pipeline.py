@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -116,3 +117,27 @@ def test_only_the_variant_pipeline_calibrates():
                 if name == "calibrate":
                     callers.append(f"{relative}:{node.lineno}")
     assert callers == []
+
+
+def test_scores_of_the_simulation_are_the_converted_models_scores(monkeypatch):
+    """The scorer runs each variant's exact simulation; running the converted models
+    themselves gives the same frame, value for value (digits: convs, pools, a linear head)."""
+    from qviz.data import digits_loaders, digits_model
+    from qviz.numeric import sensitivity
+    from qviz.numeric.variants import variants
+
+    loaders = digits_loaders(batch_size=64)
+    calib, test = list(loaders.calibration)[:1], list(loaders.test)[:1]
+    gm = qviz.export(digits_model().eval(), (calib[0][0],), dynamic_batch=True)
+    q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+
+    def accuracy(float_out, quant_out, target):
+        return float((quant_out.argmax(1) == target).float().mean())
+
+    def frame():
+        return sensitivity(gm, q, test, metric=accuracy, calibration_data=calib,
+                           progress=False)  # fmt: skip
+
+    simulated = frame()
+    monkeypatch.setattr(variants, "simulated", lambda model: model)  # the converted models
+    pd.testing.assert_frame_equal(simulated, frame(), check_exact=True)

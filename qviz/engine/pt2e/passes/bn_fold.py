@@ -192,14 +192,15 @@ def fold_batch_norm(gm: GraphModule) -> list[tuple[str, str]]:
     Returns:
         ``(batch_norm_node_name, reason)`` for each BatchNorm left unfolded.
     """
-    left = []
+    left, folded = [], False
     for bn in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in BN_OPS]:
         conv, why = _foldable(bn)
         if why is None:
             fold_conv_bn_pair(gm, conv, bn)
+            folded = True
         else:
             left.append((bn.name, why))
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    gm.recompile()
+    if gm.graph.eliminate_dead_code() or folded:  # the code only when the graph changed
+        gm.graph.lint()
+        gm.recompile()
     return left

@@ -272,7 +272,8 @@ def fold_qat_conv_bn(gm: GraphModule) -> dict[str, str]:
         scaled weight -> weight, zero bias -> bias), for the plan's records.
     """
     renamed: dict[str, str] = {}
-    for conv in [n for n in gm.graph.nodes if QAT_CONV_BN in n.meta]:
+    convs = [n for n in gm.graph.nodes if QAT_CONV_BN in n.meta]
+    for conv in convs:
         recorded = conv.meta.pop(QAT_CONV_BN)
         parts = _qat_parts(conv)
         bn, weight, scaled, bias = (parts[k] for k in ("bn", "weight", "scaled_weight", "bias"))
@@ -296,7 +297,7 @@ def fold_qat_conv_bn(gm: GraphModule) -> dict[str, str]:
                 continue
             for name in {recorded.get(key), getattr(parts[key], "name", None)} - {None}:
                 renamed[name] = survivor.name
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    gm.recompile()
+    if gm.graph.eliminate_dead_code() or convs:  # the code only when the graph changed
+        gm.graph.lint()
+        gm.recompile()
     return renamed
