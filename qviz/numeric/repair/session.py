@@ -1,7 +1,8 @@
 """``RepairSession``: apply a remedy, see the model before and after, undo it.
 
 A session starts from the float graph, a quantizer and data, and builds the baseline: prepare →
-calibrate → convert → :func:`qviz.numeric.compare` → :func:`qviz.numeric.diagnose`. Each
+calibrate → convert → :func:`qviz.numeric.compare`, and :func:`qviz.numeric.diagnose` when
+:attr:`RepairSession.diagnosis` is first read for a step (then kept). Each
 :meth:`RepairSession.apply` rebuilds the quantized model from the float graph with every remedy
 applied so far, measures it on the same batches and returns a :class:`RepairStep`: the model's
 output SQNR and metric, and each layer's local and cumulative SQNR, before and after.
@@ -210,7 +211,12 @@ class RepairStep:
 
 @dataclass(frozen=True, kw_only=True)
 class _State:
-    """Everything one build made; the session keeps one per step, so undo restores it as is."""
+    """Everything one build made; the session keeps one per step, so undo restores it as is.
+
+    Its diagnosis is made when first asked for (:meth:`diagnosed`), then kept: it measures each
+    finding's remedies on its layer (AdaRound's estimate among them), the slowest part of a
+    build, and a step that nobody diagnoses (one of several remedies applied in a row) needs
+    none."""
 
     remedies: tuple[Remedy, ...]
     records: tuple[tuple[TransformRecord, ...], ...]
@@ -220,7 +226,14 @@ class _State:
     converted: GraphModule
     quantized: GraphModule
     report: Any
-    diagnosis: Diagnosis
+    diagnose: Any  # () -> Diagnosis
+    made: dict[str, Diagnosis] = dataclasses.field(default_factory=dict)
+
+    def diagnosed(self) -> Diagnosis:
+        """This state's diagnosis (made on the first call, the same object after)."""
+        if "diagnosis" not in self.made:
+            self.made["diagnosis"] = self.diagnose()
+        return self.made["diagnosis"]
 
 
 def _figures(report: Any) -> dict[str, tuple[float, float]]:
@@ -326,7 +339,7 @@ class RepairSession:
         what = "+".join(r.name for r in remedies) or "the baseline (no remedy)"
         check_figures(report.output_sqnr, report.output_problem, report.metric,
                       f"RepairSession: {what}")  # fmt: skip
-        diagnosis = diagnose(report, prepared, data=self._data, progress=progress)
+        data = self._data
         return _State(
             remedies=remedies,
             records=tuple(records),
@@ -336,7 +349,7 @@ class RepairSession:
             converted=converted,
             quantized=quantized,
             report=report,
-            diagnosis=diagnosis,
+            diagnose=lambda: diagnose(report, prepared, data=data, progress=self.progress),
         )
 
     def apply(self, remedy: Any, **kwargs: Any) -> RepairStep:
@@ -471,7 +484,8 @@ class RepairSession:
         model this session does not hold."""
         if not isinstance(remedy, Finding):
             return
-        if any(remedy in state.diagnosis.findings for state in self._states):
+        if any(remedy in state.made["diagnosis"].findings
+               for state in self._states if state.made):  # fmt: skip
             return
         raise ConfigError(
             f"RepairSession.apply: this Finding ({remedy.node}: {remedy.cause}, "
@@ -482,8 +496,9 @@ class RepairSession:
 
     @property
     def diagnosis(self) -> Diagnosis:
-        """The current model's :class:`~qviz.numeric.diagnose.diagnose.Diagnosis`."""
-        return self._states[-1].diagnosis
+        """The current model's :class:`~qviz.numeric.diagnose.diagnose.Diagnosis` (measured
+        when first asked for, then kept)."""
+        return self._states[-1].diagnosed()
 
     @property
     def transforms(self) -> tuple[TransformRecord, ...]:
