@@ -55,22 +55,12 @@ def _digits() -> tuple[Any, list, list, Callable]:
     return gm, calib, test, accuracy
 
 
-def _resnet18() -> tuple[Any, list, list, None]:
+def _torchvision(name: str) -> tuple[Any, list, list, None]:
+    """torchvision's ``name`` with random weights, 4 calibration and 2 scoring batches."""
     import torchvision
 
     torch.manual_seed(0)
-    model = torchvision.models.resnet18().eval()
-    g = torch.Generator().manual_seed(1)
-    calib = [torch.randn(8, 3, 64, 64, generator=g) for _ in range(4)]
-    test = [torch.randn(8, 3, 64, 64, generator=g) for _ in range(2)]
-    return qviz.export(model, (calib[0],), dynamic_batch=True), calib, test, None
-
-
-def _mobilenet_v2() -> tuple[Any, list, list, None]:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v2().eval()
+    model = getattr(torchvision.models, name)().eval()
     g = torch.Generator().manual_seed(1)
     calib = [torch.randn(8, 3, 64, 64, generator=g) for _ in range(4)]
     test = [torch.randn(8, 3, 64, 64, generator=g) for _ in range(2)]
@@ -127,7 +117,8 @@ def main(argv: list[str]) -> None:
     print(f"CPU: {cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     print(f"{'model':<13}{'variants':>9}{'copied':>8}{'partly':>8}{'once s':>8}{'budget s':>10}"
           f"{'ratio':>7}{'target':>8}{'every pass s':>14}  bitwise")  # fmt: skip
-    models = (("digits", _digits), ("resnet18", _resnet18), ("mobilenet_v2", _mobilenet_v2),
+    models = (("digits", _digits), ("resnet18", lambda: _torchvision("resnet18")),
+              ("mobilenet_v2", lambda: _torchvision("mobilenet_v2")),
               ("encoder", _encoder))  # fmt: skip
     for name, build in models:
         gm, calib, test, metric = build()

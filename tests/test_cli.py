@@ -42,12 +42,21 @@ def test_no_arguments_runs_the_main_job(capsys, tmp_path, monkeypatch):
     assert int(lowered.group(2)) <= 1 and int(lowered.group(3)) >= 6
 
 
-def test_quantize_reports_float_and_int8_accuracy(capsys):
+def test_quantize_reports_float_and_int8_accuracy(capsys, monkeypatch):
+    import qviz
+    from qviz.errors import MissingDependencyError
+
+    def no_executorch(*args, **kwargs):
+        raise MissingDependencyError("executorch is not installed (this test)")
+
+    # the lowering is the main job's test's; here only the flow's own lines are read
+    monkeypatch.setattr(qviz, "lower", no_executorch)
     assert main(["quantize", "--per-tensor", "--batch-size", "50"]) == 0
     out = capsys.readouterr().out
     accuracy = re.search(r"test accuracy: float [\d.]+%, int8 ([\d.]+)%", out).group(1)
     assert float(accuracy) > 97.0  # per-tensor weights cost at most a few images
     assert "on 360 images" in out and "180 calibration images" in out
+    assert "lowered: skipped (executorch is not installed (this test))" in out
 
 
 def test_errors_are_reported_without_a_traceback(capsys, monkeypatch, tmp_path):
