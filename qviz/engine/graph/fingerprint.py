@@ -146,7 +146,14 @@ def _operator_lines(graph: Graph) -> list[str]:
     ]
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes | memoryview:
+def tensor_bytes(t: torch.Tensor) -> bytes | memoryview:
+    """``t``'s values as bytes, what its digests are taken of (a quantized tensor's integers, a
+    sparse one densified; nothing for a meta or fake tensor).
+
+    Example:
+        >>> bytes(tensor_bytes(torch.tensor([1, 2], dtype=torch.int8)))
+        b'\\x01\\x02'
+    """
     t = t.detach()
     if t.is_quantized:
         t = t.int_repr()
@@ -194,7 +201,7 @@ def tensors_digest(model: nn.Module) -> str:
     """
     lines = []
     for name, t in sorted(_tensors(model).items()):
-        data = hashlib.sha1(_tensor_bytes(t), usedforsecurity=False).hexdigest()
+        data = hashlib.sha1(tensor_bytes(t), usedforsecurity=False).hexdigest()
         lines.append(f"{name} {t.dtype} {tuple(t.shape)} {data}")
     graph = _graph_of(model)
     if graph is not None:

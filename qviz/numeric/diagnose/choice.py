@@ -30,6 +30,7 @@ from qviz.numeric.diagnose.gain import (
     LocalOperator,
     RemedyEstimate,
     capture,
+    content_key,
     estimate,
     local_sqnr,
     weight_edge,
@@ -158,12 +159,14 @@ def verdict(node: str, ranked: tuple[RemedyEstimate, ...], min_gain_db: float) -
 
 def measure_remedies(
     ctx: Context, found: dict[str, tuple[Prescription, str]], batches: list[Any],
-    min_gain_db: float, progress: bool,
+    min_gain_db: float, progress: bool, estimates: dict[Any, RemedyEstimate] | None = None,
 ) -> dict[str, tuple[float, tuple[RemedyEstimate, ...], str]]:  # fmt: skip
     """For each poor operator (``{name: (the rule's prescription, the figure that fell below
     the threshold)}``): that figure measured on the operator alone, its candidate remedies
     measured on ``batches`` and ranked, and the verdict. An operator that cannot run alone (a
-    call_module, an operator whose inputs are not kept) is left out."""
+    call_module, an operator whose inputs are not kept) is left out. ``estimates``: estimates
+    kept by :func:`~qviz.numeric.diagnose.gain.content_key` (and the remedy), taken from it
+    and added to it."""
     from tqdm.auto import tqdm
 
     locals_ = capture(ctx, {n: figure for n, (_, figure) in found.items()}, batches)
@@ -175,9 +178,15 @@ def measure_remedies(
         except (QvizError, RuntimeError, ValueError, TypeError) as exc:
             out[name] = (math.nan, (), f"not measured: {name} does not run alone ({exc})")
             continue
-        ests = [
-            estimate(local, remedy_name(p), p, before) for p in candidates(local, found[name][0])
-        ]
+        key = content_key(local) if estimates is not None else None
+        ests = []
+        for p in candidates(local, found[name][0]):
+            kept = estimates.get((key, repr(p))) if estimates is not None else None
+            if kept is None:
+                kept = estimate(local, remedy_name(p), p, before)
+                if estimates is not None:
+                    estimates[(key, repr(p))] = kept
+            ests.append(kept)
         ranked = rank(ests, min_gain_db)
         out[name] = (before, ranked, verdict(name, ranked, min_gain_db))
     for name in found.keys() - out.keys():

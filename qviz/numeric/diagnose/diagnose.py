@@ -364,6 +364,7 @@ def diagnose(
     max_batches: int = 8,
     min_gain_db: float = 0.5,
     progress: bool = True,
+    estimates: dict[Any, Any] | None = None,
 ) -> Diagnosis:
     """Classify each poor layer of ``report`` by cause, with evidence and a prescription.
 
@@ -385,6 +386,12 @@ def diagnose(
             :mod:`qviz.numeric.diagnose.gain`); when none does, the finding says so and
             prescribes float.
         progress: show a progress bar while the remedies are measured.
+        estimates: a dict that keeps each remedy estimate by the exact content it was measured
+            on (the layer's inputs and float outputs on the data, its quantizers' specs and
+            statistics, the remedy: :func:`~qviz.numeric.diagnose.gain.content_key`). Pass the
+            same dict to diagnose again after changing part of the model: layers where nothing
+            they are measured on changed take their estimates from it, the same bit for bit,
+            instead of measuring them again (AdaRound's estimate, for one, learns a rounding).
 
     Returns:
         A :class:`Diagnosis`: one :class:`Finding` per poor layer, the most severe first.
@@ -428,7 +435,7 @@ def diagnose(
     elif findings:
         found = {f.node: (f.prescription, _gain_figure(rows[f.node], f, threshold_db))
                  for f in findings}  # fmt: skip
-        measured = measure_remedies(ctx, found, data, float(min_gain_db), progress)
+        measured = measure_remedies(ctx, found, data, float(min_gain_db), progress, estimates)
         findings = [_measured(f, measured.get(f.node)) for f in findings]
     findings.sort(key=lambda f: -f.severity)
     return Diagnosis(tuple(findings), float(threshold_db), getattr(report, "fingerprint", None),

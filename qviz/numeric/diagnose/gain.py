@@ -475,6 +475,64 @@ def _smooth_quant(local: LocalOperator, arguments: dict[str, Any]) -> tuple[floa
     return after, "input divided and weight multiplied by SmoothQuant's factors, both observed anew"
 
 
+def content_key(local: LocalOperator) -> str:
+    """A digest of everything a remedy's estimate on ``local`` is computed from: the operator
+    and its literal arguments, what it saw (its inputs on each batch and its float outputs, by
+    their bytes), each quantized tensor's spec and its observer (class, settings and state), and
+    the figure measured. Two operators with the same key get the same estimates, bit for bit
+    (every estimate is deterministic: AdaRound's sampling is seeded), so a caller that
+    diagnoses again after changing something else (``RepairSession``) measures only what
+    changed.
+
+    Example:
+        >>> fc = torch.nn.Linear(4, 2)
+        >>> gm = torch.fx.symbolic_trace(lambda x, w: torch.nn.functional.linear(x, w))
+        >>> node = next(n for n in gm.graph.nodes if n.op == "call_function")
+        >>> x, w = torch.ones(3, 4), torch.ones(2, 4)
+        >>> a = LocalOperator(node=node, edges=[], output=None, calls=[{"x": x, "w": w}])
+        >>> b = LocalOperator(node=node, edges=[], output=None, calls=[{"x": x, "w": w * 2}])
+        >>> content_key(a) == content_key(a) != content_key(b)
+        True
+    """
+    import hashlib
+
+    from qviz.engine.graph.fingerprint import tensor_bytes
+
+    sha = hashlib.sha1(usedforsecurity=False)
+
+    def add(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            sha.update(f"{t.dtype} {tuple(t.shape)} ".encode())
+            sha.update(tensor_bytes(t))
+        else:
+            sha.update(repr(value).encode())
+        sha.update(b"|")
+
+    node, inputs = local.node, [a.name for a in local.node.all_input_nodes]
+    add((str(node.target), local.figure))
+    add(map_arg((node.args, node.kwargs), lambda a: f"input {inputs.index(a.name)}"))
+    for call in local.calls:
+        for name in inputs:
+            add(call.get(name))
+    for ref in local.refs:
+        add(ref)
+    for edge in [*local.edges, local.output]:
+        if edge is None:
+            add(None)
+            continue
+        add((edge.key, inputs.index(edge.arg) if edge.arg in inputs else None, edge.constant))
+        add(repr(edge.spec))
+        observer = edge.observer
+        add(type(observer).__qualname__)
+        add(sorted((k, repr(v)) for k, v in vars(observer).items()
+                   if not k.startswith("_") and not isinstance(v, torch.Tensor)))  # fmt: skip
+        for key, value in sorted(observer.state_dict().items()):
+            add(key)
+            add(value)
+    return sha.hexdigest()
+
+
 def estimate(local: LocalOperator, name: str, p: Prescription, before: float) -> RemedyEstimate:
     """Measure one candidate on ``local`` (``before``: its local SQNR now)."""
     args, node = dict(p.arguments), local.node.name

@@ -308,6 +308,9 @@ class RepairSession:
         self._data, self._calibration = variant_batches(data, calibration_data, float_gm,
                                                         "RepairSession")  # fmt: skip
         self.metric, self.progress = metric, progress
+        # remedy estimates by what they were measured on: a layer a step left as it was is
+        # not measured again when the step is diagnosed
+        self._estimates: dict[Any, Any] = {}
         self._states = [self._build((), None)]
         self._steps: list[RepairStep] = []
 
@@ -349,7 +352,9 @@ class RepairSession:
             converted=converted,
             quantized=quantized,
             report=report,
-            diagnose=lambda: diagnose(report, prepared, data=data, progress=self.progress),
+            diagnose=lambda: diagnose(
+                report, prepared, data=data, progress=self.progress, estimates=self._estimates
+            ),
         )
 
     def apply(self, remedy: Any, **kwargs: Any) -> RepairStep:

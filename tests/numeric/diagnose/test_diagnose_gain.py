@@ -230,3 +230,34 @@ def test_the_session_applies_the_measured_best_and_it_pays(outlier_conv):
     assert step.gained and step.remedy == "override"
     after = session.report.df.set_index("node").loc["conv2d", finding.remedies[0].figure]
     assert float(after) == pytest.approx(finding.remedies[0].after_db, abs=0.05)
+
+
+def test_kept_estimates_are_what_measuring_again_gives(outlier_conv, monkeypatch):
+    """diagnose(estimates=...): the second diagnosis of the same model measures nothing and is
+    the first, finding for finding; after a change to one layer only what changed is measured,
+    and the diagnosis equals one measured from nothing."""
+    import sys
+
+    _, data, (gm, prepared, _, report, first) = outlier_conv
+    kept: dict = {}
+    choice = sys.modules["qviz.numeric.diagnose.choice"]
+    measured, original = [], choice.estimate
+
+    def counted(local, name, p, before):
+        measured.append(local.node.name)
+        return original(local, name, p, before)
+
+    monkeypatch.setattr(choice, "estimate", counted)
+    assert diagnose(report, prepared, data=data, progress=False, estimates=kept) == first
+    again = len(measured)
+    assert again > 0 and diagnose(report, prepared, data=data, progress=False,
+                                  estimates=kept) == first  # fmt: skip
+    assert len(measured) == again  # nothing measured twice
+    # c2's output observed by min/max: c1's finding is kept, c2's quantizers changed
+    changed = OverrideQuantizer(_quantizer(), {"conv2d_1": {"observer": "MinMaxObserver"}})
+    _, prepared2, converted2 = quantize(gm, data, changed)
+    report2 = qviz.numeric.compare(gm, converted2, data, progress=False)
+    fresh = diagnose(report2, prepared2, data=data, progress=False)
+    start = len(measured)
+    assert diagnose(report2, prepared2, data=data, progress=False, estimates=kept) == fresh
+    assert len(measured) - start < start - again  # fewer measured than from nothing
