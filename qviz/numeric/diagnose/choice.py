@@ -159,7 +159,7 @@ def verdict(node: str, ranked: tuple[RemedyEstimate, ...], min_gain_db: float) -
 
 def measure_remedies(
     ctx: Context, found: dict[str, tuple[Prescription, str]], batches: list[Any],
-    min_gain_db: float, progress: bool, estimates: dict[Any, RemedyEstimate] | None = None,
+    min_gain_db: float, progress: bool, estimates: Any = None,
 ) -> dict[str, tuple[float, tuple[RemedyEstimate, ...], str]]:  # fmt: skip
     """For each poor operator (``{name: (the rule's prescription, the figure that fell below
     the threshold)}``): that figure measured on the operator alone, its candidate remedies

@@ -81,7 +81,7 @@ from qviz.engine.pt2e.convert import saw_no_data
 from qviz.engine.pt2e.plan import require_plan
 from qviz.errors import CalibrationError, ConfigError, closest_names
 from qviz.numeric.diagnose.choice import measure_remedies
-from qviz.numeric.diagnose.gain import RemedyEstimate
+from qviz.numeric.diagnose.gain import RECENT_ESTIMATES, RemedyEstimate
 from qviz.numeric.diagnose.rules import CAUSE_COLOURS, RULES, Cause, Context, Prescription
 
 _UNMEASURED = "not measured: pass data= to diagnose to measure the remedies on {} alone"
@@ -364,7 +364,7 @@ def diagnose(
     max_batches: int = 8,
     min_gain_db: float = 0.5,
     progress: bool = True,
-    estimates: dict[Any, Any] | None = None,
+    estimates: Any = None,
 ) -> Diagnosis:
     """Classify each poor layer of ``report`` by cause, with evidence and a prescription.
 
@@ -386,12 +386,13 @@ def diagnose(
             :mod:`qviz.numeric.diagnose.gain`); when none does, the finding says so and
             prescribes float.
         progress: show a progress bar while the remedies are measured.
-        estimates: a dict that keeps each remedy estimate by the exact content it was measured
-            on (the layer's inputs and float outputs on the data, its quantizers' specs and
-            statistics, the remedy: :func:`~qviz.numeric.diagnose.gain.content_key`). Pass the
-            same dict to diagnose again after changing part of the model: layers where nothing
-            they are measured on changed take their estimates from it, the same bit for bit,
-            instead of measuring them again (AdaRound's estimate, for one, learns a rounding).
+        estimates: where each remedy estimate is kept by the exact content it was measured on
+            (the layer's inputs and float outputs on the data, its quantizers' specs and
+            statistics, the remedy: :func:`~qviz.numeric.diagnose.gain.content_key`): a layer
+            where nothing it is measured on changed takes its estimates from there, the same
+            bit for bit, instead of measuring them again (AdaRound's estimate, for one, learns
+            a rounding). None: the process's :data:`~qviz.numeric.diagnose.gain.RECENT_ESTIMATES`
+            (the 2,048 most recent); a dict of your own (``{}``: measure everything).
 
     Returns:
         A :class:`Diagnosis`: one :class:`Finding` per poor layer, the most severe first.
@@ -435,7 +436,8 @@ def diagnose(
     elif findings:
         found = {f.node: (f.prescription, _gain_figure(rows[f.node], f, threshold_db))
                  for f in findings}  # fmt: skip
-        measured = measure_remedies(ctx, found, data, float(min_gain_db), progress, estimates)
+        kept = RECENT_ESTIMATES if estimates is None else estimates
+        measured = measure_remedies(ctx, found, data, float(min_gain_db), progress, kept)
         findings = [_measured(f, measured.get(f.node)) for f in findings]
     findings.sort(key=lambda f: -f.severity)
     return Diagnosis(tuple(findings), float(threshold_db), getattr(report, "fingerprint", None),

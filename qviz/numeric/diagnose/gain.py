@@ -475,6 +475,46 @@ def _smooth_quant(local: LocalOperator, arguments: dict[str, Any]) -> tuple[floa
     return after, "input divided and weight multiplied by SmoothQuant's factors, both observed anew"
 
 
+class EstimateMemo:
+    """Remedy estimates by :func:`content_key` (and remedy), the most recently used ``size``
+    kept: what :func:`~qviz.numeric.diagnose` takes estimates from instead of measuring them
+    again.
+
+    Example:
+        >>> memo = EstimateMemo(size=2)
+        >>> memo["a"], memo["b"], memo["c"] = 1, 2, 3
+        >>> memo.get("a"), memo.get("c"), len(memo)
+        (None, 3, 2)
+    """
+
+    def __init__(self, size: int = 2048) -> None:
+        from collections import OrderedDict
+
+        self.size, self._kept = size, OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        """The estimate kept under ``key`` (now the most recently used), or None."""
+        if key not in self._kept:
+            return None
+        self._kept.move_to_end(key)
+        return self._kept[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._kept[key] = value
+        self._kept.move_to_end(key)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+#: The estimates :func:`~qviz.numeric.diagnose` keeps when it is given none: a notebook that
+#: diagnoses a model, then opens a RepairSession on the same model and data, measures each
+#: layer's remedies once.
+RECENT_ESTIMATES = EstimateMemo()
+
+
 def content_key(local: LocalOperator) -> str:
     """A digest of everything a remedy's estimate on ``local`` is computed from: the operator
     and its literal arguments, what it saw (its inputs on each batch and its float outputs, by
@@ -510,7 +550,7 @@ def content_key(local: LocalOperator) -> str:
         sha.update(b"|")
 
     node, inputs = local.node, [a.name for a in local.node.all_input_nodes]
-    add((str(node.target), local.figure))
+    add((str(node.target), local.figure, torch.get_num_threads()))  # threads: sums' order
     add(map_arg((node.args, node.kwargs), lambda a: f"input {inputs.index(a.name)}"))
     for call in local.calls:
         for name in inputs:

@@ -308,9 +308,6 @@ class RepairSession:
         self._data, self._calibration = variant_batches(data, calibration_data, float_gm,
                                                         "RepairSession")  # fmt: skip
         self.metric, self.progress = metric, progress
-        # remedy estimates by what they were measured on: a layer a step left as it was is
-        # not measured again when the step is diagnosed
-        self._estimates: dict[Any, Any] = {}
         self._states = [self._build((), None)]
         self._steps: list[RepairStep] = []
 
@@ -352,9 +349,9 @@ class RepairSession:
             converted=converted,
             quantized=quantized,
             report=report,
-            diagnose=lambda: diagnose(
-                report, prepared, data=data, progress=self.progress, estimates=self._estimates
-            ),
+            # the estimates of layers a step left as they were are kept (by what they were
+            # measured on), not measured again: diagnose's RECENT_ESTIMATES
+            diagnose=lambda: diagnose(report, prepared, data=data, progress=self.progress),
         )
 
     def apply(self, remedy: Any, **kwargs: Any) -> RepairStep:

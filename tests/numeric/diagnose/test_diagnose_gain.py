@@ -253,11 +253,14 @@ def test_kept_estimates_are_what_measuring_again_gives(outlier_conv, monkeypatch
     assert again > 0 and diagnose(report, prepared, data=data, progress=False,
                                   estimates=kept) == first  # fmt: skip
     assert len(measured) == again  # nothing measured twice
+    # by default the process's recent estimates: the fixture's diagnosis measured these
+    assert diagnose(report, prepared, data=data, progress=False) == first
+    assert len(measured) == again
     # c2's output observed by min/max: c1's finding is kept, c2's quantizers changed
     changed = OverrideQuantizer(_quantizer(), {"conv2d_1": {"observer": "MinMaxObserver"}})
     _, prepared2, converted2 = quantize(gm, data, changed)
     report2 = qviz.numeric.compare(gm, converted2, data, progress=False)
-    fresh = diagnose(report2, prepared2, data=data, progress=False)
+    fresh = diagnose(report2, prepared2, data=data, progress=False, estimates={})
     start = len(measured)
     assert diagnose(report2, prepared2, data=data, progress=False, estimates=kept) == fresh
     assert len(measured) - start < start - again  # fewer measured than from nothing
