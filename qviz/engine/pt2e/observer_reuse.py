@@ -198,6 +198,17 @@ def held_out(prepared: GraphModule, observers: tuple[str, ...] | list[str]) -> I
 
     A post-training observer returns its input unchanged, so the observers that do see the
     data run through ``prepared`` see exactly what a full calibration pass shows them.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer
+        >>> from qviz.engine.quantizers import get_symmetric_quantization_config as config
+        >>> gm = qviz.export(torch.nn.Linear(4, 2).eval(), (torch.randn(8, 4),))
+        >>> p = qviz.prepare_pt2e(gm, XNNPACKQuantizer().set_global(config()))
+        >>> with held_out(p, ["activation_post_process_0"]):
+        ...     _ = qviz.calibrate(p, [torch.randn(8, 4)], progress=False)
+        >>> p.activation_post_process_0.num_batches, p.activation_post_process_2.num_batches
+        (0, 1)
     """
     held = {name: getattr(prepared, name) for name in observers}
     for name in held:
