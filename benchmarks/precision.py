@@ -158,6 +158,10 @@ def _line(tool: str, row: dict[str, Any]) -> str:
             f"{row['full']:>6}{row['seconds']:>9.1f}  {mix}")  # fmt: skip
 
 
+#: qviz's search should take at most this share of AMP's time on the same work (issue 40).
+TIME_TARGET = 0.5
+
+
 def main(argv: list[str]) -> None:
     names = argv or ["digits", "digits:0.01", "resnet18", "mobilenet_v2", "encoder"]
     set_threads(2)
@@ -168,9 +172,13 @@ def main(argv: list[str]) -> None:
         case = _case(name)
         target = case["target"]
         print(f"{name}: target {target}, candidates {[_NAMES[c] for c in case['candidates']]}")
-        print(_line("qviz", _qviz(case)))
+        ours = _qviz(case)
+        print(_line("qviz", ours))
         amp = _amp(case)
         print(_line("AMP", amp) + (f"  (not costed: {amp['unmapped']})" if amp["unmapped"] else ""))
+        ratio = ours["seconds"] / amp["seconds"]
+        verdict = "met" if ratio <= TIME_TARGET else "missed"
+        print(f"  time qviz / AMP: {ratio:.2f}x (target <= {TIME_TARGET}x: {verdict})")
 
 
 if __name__ == "__main__":
