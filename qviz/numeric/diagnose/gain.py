@@ -565,8 +565,9 @@ def content_key(local: LocalOperator) -> str:
         add(repr(edge.spec))
         observer = edge.observer
         add(type(observer).__qualname__)
-        add(sorted((k, repr(v)) for k, v in vars(observer).items()
-                   if not k.startswith("_") and not isinstance(v, torch.Tensor)))  # fmt: skip
+        add(sorted((k, repr(v)) for k, v in vars(observer).items()  # its label only names it
+                   if not k.startswith("_") and not isinstance(v, torch.Tensor)
+                   and k != "qviz_label"))  # fmt: skip
         for key, value in sorted(observer.state_dict().items()):
             add(key)
             add(value)
