@@ -192,13 +192,11 @@ def convert_pt2e(
             matches the quantize/dequantize form within one quantization step
             (:mod:`qviz.engine.pt2e.passes.reference_representation`). Needs ``fold_quantize``.
         allow_uncalibrated: convert observers that saw no data with their default qparams
-            (what the reference does silently), with a warning that lists them, instead of
-            refusing. For graphs whose numbers do not matter: a structural test, a lowering
-            dry run.
-        inplace: convert ``model`` itself and return it, instead of a copy (as
-            ``torch.ao.quantization.convert(inplace=True)``): no second copy of the weights and
-            observers is made, and the prepared model is gone (its observers are removed). For
-            a prepared model nobody needs again, such as one built only to be converted.
+            (what the reference does silently), warning with their list, instead of refusing:
+            for graphs whose numbers do not matter (a structural test, a lowering dry run).
+        inplace: convert ``model`` itself and return it (as ``torch.ao.quantization.convert
+            (inplace=True)``): no second copy of weights and observers, and the prepared model
+            is gone. For a prepared model nobody needs again (one built to be converted).
 
     Raises:
         CalibrationError: observers that saw no data, each listed with the tensors it observes
@@ -222,6 +220,41 @@ def convert_pt2e(
         True
     """
     _check_arguments(model, fold_quantize, use_reference_representation)
+    gm, plan = _working_model(model, inplace)
+    bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
+    nodes = _observer_calls(gm)
+    if not nodes:
+        return disallow_train_eval(_without_observers(model, gm, bodies))
+    _check_calibrated(gm, nodes, plan, allow_uncalibrated)
+    _check_ranges(gm, nodes, plan)
+    qparams = _replace_observers(gm, nodes, fold_quantize)
+    if plan is not None:
+        set_plan(gm, _converted_plan(gm, plan, qparams))
+    if use_reference_representation:
+        gm = _reference_representation(gm)
+    return disallow_train_eval(gm)
+
+
+def _observer_calls(gm: GraphModule) -> list[Node]:
+    """The nodes of ``gm`` that call an observer (or fake-quantize) module."""
+    return [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
+    ]
+
+
+def _reference_representation(gm: GraphModule) -> GraphModule:
+    """``gm``'s quantized ops as readable integer arithmetic (imported here: for teaching)."""
+    from qviz.engine.pt2e.passes.reference_representation import to_reference_representation
+
+    return to_reference_representation(gm)
+
+
+def _working_model(model: GraphModule, inplace: bool) -> tuple[GraphModule, QuantPlan | None]:
+    """The model convert rewrites (``model`` itself, or a copy) and its plan, after the steps
+    before the observers: the statistics' digest recorded, QAT's undo detached, the BatchNorms
+    checked and QAT's conv + BatchNorm pairs folded (the plan renamed to match)."""
     digest = tensors_digest(model)  # the statistics it was converted with
     # GraphModule's deepcopy keeps the graph, the state and meta: the copy has the plan
     gm = model if inplace else rebind_annotations(copy.deepcopy(model))
@@ -233,29 +266,17 @@ def convert_pt2e(
     if renamed and plan is not None:
         plan = plan.renamed(renamed)
         set_plan(gm, plan)
-    bodies = _convert_loop_bodies(model, gm, fold_quantize, allow_uncalibrated)
-    nodes = [
-        n
-        for n in gm.graph.nodes
-        if n.op == "call_module" and is_observer(gm.get_submodule(n.target))
-    ]
-    if not nodes:
-        return disallow_train_eval(_without_observers(model, gm, bodies))
-    _check_calibrated(gm, nodes, plan, allow_uncalibrated)
-    _check_ranges(gm, nodes, plan)
-    qparams = _replace_observers(gm, nodes, fold_quantize)
-    if plan is not None:
-        made = _made_by_observer(gm)
-        by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
-        nodes_by_group = {
-            g.group: tuple(n for name in g.calls for n in made.get(name, ())) for g in plan.groups
-        }
-        set_plan(gm, plan.with_qparams(by_group, nodes_by_group))
-    if use_reference_representation:
-        from qviz.engine.pt2e.passes.reference_representation import to_reference_representation
+    return gm, plan
 
-        gm = to_reference_representation(gm)
-    return disallow_train_eval(gm)
+
+def _converted_plan(gm: GraphModule, plan: QuantPlan, qparams: dict[str, QParams]) -> QuantPlan:
+    """``plan`` with each group's qparams and the converted nodes that execute it."""
+    made = _made_by_observer(gm)
+    by_group = {g.group: qparams[g.observer] for g in plan.groups if g.observer in qparams}
+    nodes_by_group = {
+        g.group: tuple(n for name in g.calls for n in made.get(name, ())) for g in plan.groups
+    }
+    return plan.with_qparams(by_group, nodes_by_group)
 
 
 def _check_arguments(model: object, fold_quantize: bool, reference: bool) -> None:

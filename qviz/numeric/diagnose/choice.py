@@ -30,11 +30,11 @@ from qviz.numeric.diagnose.gain import (
     LocalOperator,
     RemedyEstimate,
     capture,
-    content_key,
     estimate,
     local_sqnr,
     weight_edge,
 )
+from qviz.numeric.diagnose.memo import content_key
 from qviz.numeric.diagnose.rules import Context, Prescription
 
 
@@ -165,7 +165,7 @@ def measure_remedies(
     the threshold)}``): that figure measured on the operator alone, its candidate remedies
     measured on ``batches`` and ranked, and the verdict. An operator that cannot run alone (a
     call_module, an operator whose inputs are not kept) is left out. ``estimates``: estimates
-    kept by :func:`~qviz.numeric.diagnose.gain.content_key` (and the remedy), taken from it
+    kept by :func:`~qviz.numeric.diagnose.memo.content_key` (and the remedy), taken from it
     and added to it."""
     from tqdm.auto import tqdm
 

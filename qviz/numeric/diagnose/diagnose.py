@@ -81,7 +81,8 @@ from qviz.engine.pt2e.convert import saw_no_data
 from qviz.engine.pt2e.plan import require_plan
 from qviz.errors import CalibrationError, ConfigError, closest_names
 from qviz.numeric.diagnose.choice import measure_remedies
-from qviz.numeric.diagnose.gain import RECENT_ESTIMATES, RemedyEstimate
+from qviz.numeric.diagnose.gain import RemedyEstimate
+from qviz.numeric.diagnose.memo import RECENT_ESTIMATES
 from qviz.numeric.diagnose.rules import CAUSE_COLOURS, RULES, Cause, Context, Prescription
 
 _UNMEASURED = "not measured: pass data= to diagnose to measure the remedies on {} alone"
@@ -386,13 +387,10 @@ def diagnose(
             :mod:`qviz.numeric.diagnose.gain`); when none does, the finding says so and
             prescribes float.
         progress: show a progress bar while the remedies are measured.
-        estimates: where each remedy estimate is kept by the exact content it was measured on
-            (the layer's inputs and float outputs on the data, its quantizers' specs and
-            statistics, the remedy: :func:`~qviz.numeric.diagnose.gain.content_key`): a layer
-            where nothing it is measured on changed takes its estimates from there, the same
-            bit for bit, instead of measuring them again (AdaRound's estimate, for one, learns
-            a rounding). None: the process's :data:`~qviz.numeric.diagnose.gain.RECENT_ESTIMATES`
-            (the 2,048 most recent); a dict of your own (``{}``: measure everything).
+        estimates: remedy estimates kept by the exact content they were measured on
+            (:func:`~qviz.numeric.diagnose.memo.content_key`): a layer where none of it changed
+            takes its estimates from there, bit for bit, instead of measuring them again. None:
+            :data:`~qviz.numeric.diagnose.memo.RECENT_ESTIMATES`; ``{}``: measure everything.
 
     Returns:
         A :class:`Diagnosis`: one :class:`Finding` per poor layer, the most severe first.
@@ -415,33 +413,43 @@ def diagnose(
     numbers = {"threshold_db": threshold_db, "outlier_factor": outlier_factor,
                "max_batches": max_batches, "min_gain_db": min_gain_db}  # fmt: skip
     _check(report, prepared, data, numbers)
-    plan = require_plan(prepared, "diagnose")
-    rows = {str(r["node"]): r for r in report.df.to_dict("records")}
-    ctx = Context(
-        rows=rows,
-        prepared=prepared,
-        plan=plan,
-        threshold_db=float(threshold_db),
-        outlier_factor=float(outlier_factor),
-    )
-    worst = {name: _worst_figure(row) for name, row in rows.items()}
+    ctx = _context(report, prepared, threshold_db, outlier_factor)
+    worst = {name: _worst_figure(row) for name, row in ctx.rows.items()}
     poor = [name for name, (_, value) in worst.items() if value < threshold_db]
     if data is not None:  # finite, at least one batch: checked whether or not a layer is poor
         data = measured_batches(data, "diagnose", max_batches=max_batches)
         if poor:
             _measure_channels(ctx, poor, data)
     findings = [_finding(ctx, name, *worst[name]) for name in poor]
-    if data is None:
-        findings = [dataclasses.replace(f, verdict=_UNMEASURED.format(f.node)) for f in findings]
-    elif findings:
-        found = {f.node: (f.prescription, _gain_figure(rows[f.node], f, threshold_db))
-                 for f in findings}  # fmt: skip
-        kept = RECENT_ESTIMATES if estimates is None else estimates
-        measured = measure_remedies(ctx, found, data, float(min_gain_db), progress, kept)
-        findings = [_measured(f, measured.get(f.node)) for f in findings]
+    kept = RECENT_ESTIMATES if estimates is None else estimates
+    findings = _with_remedies(ctx, findings, data, float(min_gain_db), progress, kept)
     findings.sort(key=lambda f: -f.severity)
     return Diagnosis(tuple(findings), float(threshold_db), getattr(report, "fingerprint", None),
                      getattr(report, "float_fingerprint", None))  # fmt: skip
+
+
+def _context(report: Any, prepared: GraphModule, threshold_db: float, outlier_factor: float
+             ) -> Context:  # fmt: skip
+    """What every rule reads: the report's rows by node, the prepared model, its plan."""
+    rows = {str(r["node"]): r for r in report.df.to_dict("records")}
+    plan = require_plan(prepared, "diagnose")
+    return Context(rows=rows, prepared=prepared, plan=plan, threshold_db=float(threshold_db),
+                   outlier_factor=float(outlier_factor))  # fmt: skip
+
+
+def _with_remedies(
+    ctx: Context, findings: list[Finding], data: Any, min_gain_db: float, progress: bool,
+    estimates: Any,
+) -> list[Finding]:  # fmt: skip
+    """``findings`` with their remedies measured on ``data`` (None: each says it was not)."""
+    if data is None:
+        return [dataclasses.replace(f, verdict=_UNMEASURED.format(f.node)) for f in findings]
+    if not findings:
+        return findings
+    found = {f.node: (f.prescription, _gain_figure(ctx.rows[f.node], f, ctx.threshold_db))
+             for f in findings}  # fmt: skip
+    measured = measure_remedies(ctx, found, data, min_gain_db, progress, estimates)
+    return [_measured(f, measured.get(f.node)) for f in findings]
 
 
 def _gain_figure(row: dict[str, Any], finding: Finding, threshold_db: float) -> str:
