@@ -28,6 +28,7 @@ from qviz.numeric.compare import (
     calibration_choices,
     compare,
     compare_calibrators,
+    compare_each,
     layer_detail,
     layer_tensors,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "compare",
     "compare_calibrators",
     "compare_configs",
+    "compare_each",
     "compare_lowered",
     "diagnose",
     "fallback",

@@ -21,7 +21,7 @@ from qviz.numeric.compare.calibration import (
 )
 
 # last, after every submodule has loaded: the name ``compare`` is the function, not the module
-from qviz.numeric.compare.compare import compare
+from qviz.numeric.compare.compare import compare, compare_each
 from qviz.numeric.compare.detail import LayerDetail, layer_detail
 from qviz.numeric.compare.report import NumericReport
 
@@ -32,6 +32,7 @@ __all__ = [
     "calibration_choices",
     "compare",
     "compare_calibrators",
+    "compare_each",
     "layer_detail",
     "layer_tensors",
 ]

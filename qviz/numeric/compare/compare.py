@@ -458,6 +458,73 @@ def _report(rows: list[_Row], measured: _Measured) -> NumericReport:
     return NumericReport.from_rows(rows, **measured.totals.figures())
 
 
+def compare_each(
+    float_model: Any,
+    quantized_models: Iterable[GraphModule],
+    data: Any,
+    *,
+    metric: Callable[[Any, Any, Any], float] | None = None,
+    progress: bool = True,
+) -> list[NumericReport]:
+    """:func:`compare` for several quantized models of one float model, the float model run once
+    per batch for all of them.
+
+    Each report equals ``compare(float_model, quantized, data, metric=metric)`` bit for bit;
+    the float model's outputs for a batch are measured against every quantized model before
+    the next batch is read, so the time is one float forward per batch instead of one per
+    model, and one batch of float activations is alive at a time.
+
+    Args:
+        float_model: as for :func:`compare`.
+        quantized_models: models from :func:`qviz.convert_pt2e` of that float model (all are
+            alive at once: give converted models, whose weights are integers).
+        data: batches as for :func:`compare`.
+        metric: optional ``metric(float_out, quant_out, target) -> float``, batch-weighted.
+        progress: show a progress bar over the batches.
+
+    Returns:
+        One :class:`~qviz.numeric.compare.report.NumericReport` per quantized model, in order.
+
+    Raises:
+        ConfigError: no quantized model, one at the wrong stage or of another float model
+            (checked before anything runs), or a batch that does not bind (named).
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> gm = qviz.export(torch.nn.Linear(4, 4).eval(), (torch.randn(8, 4),))
+        >>> data = [torch.randn(8, 4) for _ in range(2)]
+        >>> def quantized(per_channel):
+        ...     q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(per_channel))
+        ...     return qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(gm, q), data,
+        ...                                             progress=False))
+        >>> reports = compare_each(gm, [quantized(False), quantized(True)], data, progress=False)
+        >>> [r.df["node"].tolist() for r in reports]
+        [['linear'], ['linear']]
+    """
+    models = list(quantized_models)
+    if not models:
+        raise ConfigError("compare_each needs at least one quantized model")
+    for index, model in enumerate(models):
+        check_stage(model, Stage.CONVERTED, where="compare_each", arg=f"quantized_models[{index}]")
+    check_stage(float_model, Stage.FLOAT, where="compare_each", arg="float_model")
+    for model in models:
+        check_lineage(float_model, model, "compare_each")
+    check_metric(metric)
+    batches = iter(batches_of(data, "compare_each"))
+    first = next(batches, None)
+    if first is None:
+        raise ConfigError("compare_each needs at least one batch of data")
+    fgm = float_graph_of(float_model, bind_batch(models[0], first, "compare_each: batch 0").args)
+    rows_each = [_rows(q, fgm) for q in models]
+    measured = _measure(fgm, list(zip(models, rows_each, strict=True)),
+                        _chain_first(first, batches), metric, progress)  # fmt: skip
+    return [
+        _report(rows, m).measured(q, float_model)
+        for q, rows, m in zip(models, rows_each, measured, strict=True)
+    ]
+
+
 def _measure_shard(
     float_model: Any, qgm: Any, data: Any, metric: Any, progress: bool, shard: distributed.Shard
 ) -> tuple[list[_Row], _Measured]:
@@ -476,26 +543,37 @@ def _measure_shard(
     fgm = float_graph_of(float_model, example)
     rows = _rows(qgm, fgm)
     mine = () if first is None else _chain_first(first, batches)
-    return rows, _measure(fgm, qgm, rows, mine, metric, progress and shard.rank == 0)
+    measured = _measure(fgm, [(qgm, rows)], mine, metric, progress and shard.rank == 0)
+    return rows, measured[0]
 
 
-def _measure(fgm, qgm, rows, batches, metric, progress) -> _Measured:
-    wanted = _needed(rows)
+def _measure(fgm, models, batches, metric, progress) -> list[_Measured]:
+    """Each ``(quantized model, rows)`` of ``models`` measured on every batch; the float model
+    runs once per batch, its kept outputs read (never changed) by every quantized run."""
+    wanted = set().union(*(_needed(rows) for _, rows in models))
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
-    totals = OutputTotals.for_metric(metric)
+    totals = [OutputTotals.for_metric(metric) for _ in models]
     from qviz.numeric.measure.progress import progress_bar
 
     with torch.no_grad():
         for index, batch in enumerate(progress_bar(batches, progress, "compare")):
-            check_finite(batch, f"compare: batch {index}")  # a NaN input is named, not measured
-            bound = bind_batch(qgm, batch, f"compare: batch {index}")
+            where = f"compare: batch {index}"
+            check_finite(batch, where)  # a NaN input is named, not measured
+            bound = bind_batch(models[0][0], batch, where)
             float_run = _FloatRun(fgm, float_handles, wanted)
             float_out = float_run.run(*bound.args)
-            quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*bound.args)
+            size = batch_size(bound.args)
+            for (qgm, rows), total in zip(models, totals, strict=True):
+                quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*bound.args)
+                value = metric_value(metric, single(float_out), single(quant_out), bound.target,
+                                     where)  # fmt: skip
+                total.add(float_out, quant_out, size, value, where)
             del float_run
-            out = single(float_out), single(quant_out)
-            value = metric_value(metric, *out, bound.target, f"compare: batch {index}")
-            totals.add(float_out, quant_out, batch_size(bound.args), value,
-                       f"compare: batch {index}")  # fmt: skip
-    stats = [(r.cumulative, r.local, r.grid, r.slices) for r in rows]
-    return _Measured(stats, totals, tuple(r.node.name for r in rows))
+    return [
+        _Measured(
+            [(r.cumulative, r.local, r.grid, r.slices) for r in rows],
+            total,
+            tuple(r.node.name for r in rows),
+        )
+        for (_, rows), total in zip(models, totals, strict=True)
+    ]

@@ -282,17 +282,20 @@ def compare_configs(
         raise ConfigError(
             "compare_configs needs a non-empty dict {name: QuantizationConfig or Quantizer}"
         )
-    from qviz.numeric.compare.compare import compare
+    from qviz.numeric.compare.compare import compare_each
 
+    quantizers = [_quantizer_of(name, config) for name, config in configs.items()]
     batches, calibration = variant_batches(data, calibration_data, exported_model,
                                            "compare_configs")  # fmt: skip
-    frames, output_sqnr = [], {}
-    for name, config in progress_bar(list(configs.items()), progress, "configs"):
-        quantized = quantize_variant(exported_model, _quantizer_of(name, config), calibration)
-        report = compare(exported_model, quantized, batches, progress=False)
-        frames.append(report.df.set_index("node")[["op", "module", "local_sqnr"]])
-        output_sqnr[str(name)] = report.output_sqnr
-    return _side_by_side(exported_model, list(map(str, configs)), frames, output_sqnr)
+    quantized = [  # converted models (integer weights), all compared in one pass over the data
+        quantize_variant(exported_model, quantizer, calibration)
+        for quantizer in progress_bar(quantizers, progress, "configs")
+    ]
+    reports = compare_each(exported_model, quantized, batches, progress=False)
+    frames = [r.df.set_index("node")[["op", "module", "local_sqnr"]] for r in reports]
+    names = list(map(str, configs))
+    output_sqnr = {name: r.output_sqnr for name, r in zip(names, reports, strict=True)}
+    return _side_by_side(exported_model, names, frames, output_sqnr)
 
 
 def _quantizer_of(name: Any, config: Any) -> Any:

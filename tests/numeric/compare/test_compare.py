@@ -106,6 +106,39 @@ def test_streaming_equals_one_big_batch(digits, report):
     assert one.metric == pytest.approx(report.metric)
 
 
+def test_compare_each_runs_the_float_model_once_per_batch_and_equals_compare(
+    digits, report, monkeypatch
+):
+    """Several quantized models against one float run per batch: each report is compare's,
+    bit for bit (compare_configs measures its configs this way)."""
+    import sys
+
+    import pandas as pd
+
+    from qviz.numeric import compare_each
+
+    compare_module = sys.modules["qviz.numeric.compare.compare"]  # the name is the function
+
+    _, gm, _, quantized, test = digits
+    calibrated = qviz.calibrate(qviz.prepare_pt2e(gm, xnnpack()), [x for x, _ in test[:2]],
+                                progress=False)  # fmt: skip
+    per_tensor = qviz.convert_pt2e(calibrated)
+    alone = compare(gm, per_tensor, test, metric=accuracy, progress=False)
+    runs = []
+    real_run = compare_module._FloatRun.run
+    monkeypatch.setattr(compare_module._FloatRun, "run",
+                        lambda self, *a: runs.append(1) or real_run(self, *a))  # fmt: skip
+    both = compare_each(gm, [quantized, per_tensor], test, metric=accuracy, progress=False)
+    assert len(runs) == len(test)  # not once per batch and model
+    for mine, reference in zip(both, [report, alone], strict=True):
+        pd.testing.assert_frame_equal(mine.df, reference.df, check_exact=True)
+        assert (mine.output_sqnr, mine.metric) == (reference.output_sqnr, reference.metric)
+    with pytest.raises(ConfigError, match="at least one quantized model"):
+        compare_each(gm, [], test)
+    with pytest.raises(ConfigError, match=r"quantized_models\[1\]"):
+        compare_each(gm, [quantized, gm], test)
+
+
 def test_the_float_module_itself_gives_the_same_report(digits, report):
     model, _, _, quantized, test = digits
     again = compare(model, quantized, test, progress=False)  # exported inside, same handles
