@@ -21,9 +21,12 @@ NEWEST_STAMP := $(NEWEST)/.qviz-installed
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist; a test file stays on one worker, so a
 # module's fixtures are built once), each with one torch thread: on CI's 2 cores this halves
-# the Python-bound part of the run. `make test TEST_WORKERS=0` runs it in this one process.
+# the Python-bound part of the run. Files go out in collection order (`--no-loadscope-reorder`;
+# xdist would otherwise send the files with the most tests first), so tests/conftest.py's
+# LONGEST_FIRST starts the longest file at once. `make test TEST_WORKERS=0` runs it in this one
+# process.
 TEST_WORKERS ?= 2
-PYTEST_ARGS  := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST_ARGS  := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: run test test-newest lint docs bench system-deps clean
 

@@ -22,10 +22,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 #: Test files that take minutes on one worker, longest first. ``make test`` spreads whole files
-#: over two workers (``--dist loadfile``) in collection order, so a long file collected last
-#: (the JupyterLab notebook runs: 8 min on an AVX2 EPYC) ran alone at the end; collected first,
-#: the short files fill the other worker meanwhile.
-LONGEST_FIRST = ("tests/widgets/e2e/test_notebooks_e2e.py", "tests/test_notebooks.py")
+#: over two workers (``--dist loadfile --no-loadscope-reorder``) in collection order, so a long
+#: file collected last (the JupyterLab notebook runs: 7 min on an AVX2 EPYC) ran alone at the
+#: end; collected first, the short files fill the other worker meanwhile.
+LONGEST_FIRST = (
+    "tests/widgets/e2e/test_notebooks_e2e.py",
+    "tests/test_notebooks.py",
+    "tests/test_docs.py",
+    "tests/engine/lower/test_lowered_checks.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,6 +42,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return rank.get(path, len(rank))
 
     items.sort(key=key)  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _oracle_patterns_traced_once():
+    """torchao (the test oracle) traces each of its pattern graphs once per process
+    (:mod:`tests.helpers.oracle_patterns`): its results are unchanged, its time is not."""
+    from tests.helpers.oracle_patterns import install
+
+    with pytest.MonkeyPatch.context() as patch:
+        install(patch)
+        yield
 
 
 @pytest.fixture(autouse=True)

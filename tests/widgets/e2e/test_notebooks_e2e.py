@@ -15,11 +15,13 @@ this interpreter), every cell is run with "Run All", and the test checks what a 
 * the kernel's CPU time is within what the notebook's stated time allows (``check_time``);
 * the exercise's clicks, for the notebooks whose exercises click a widget (``EXERCISES``).
 
-Screenshots of the whole notebook at 1280 and 1920 px wide go to
+With ``QVIZ_SCREENSHOTS`` set, screenshots of the whole notebook at 1280 and 1920 px wide go to
 ``$QVIZ_SCREENSHOTS/<notebook>_<width>.png`` (stitched while scrolling, since JupyterLab only
-paints the cells in view), with ``<notebook>_layout.json``: per output its size, horizontal
-overflow and smallest text in CSS px at both widths. Each notebook's Run All wall time is printed
-(``pytest -s``) and written to ``$QVIZ_SCREENSHOTS/lab_times.json``.
+paints the cells in view; without it no picture is taken: nobody looks at one in a temporary
+folder). Every run writes ``<notebook>_layout.json``: per output its size, horizontal overflow
+and smallest text in CSS px at both widths, and prints what a reader would notice. Each
+notebook's Run All wall time is printed (``pytest -s``) and written to
+``$QVIZ_SCREENSHOTS/lab_times.json``.
 
 This test executes the notebooks; tests/test_notebooks.py executes them with nbclient only when
 the browser tests are skipped (``QVIZ_SKIP_BROWSER=1``).
@@ -60,6 +62,8 @@ WIDTHS = (1280, 1920)
 #: The viewport's height while the screenshots are taken (fewer pieces to stitch).
 SHOT_HEIGHT = 2000
 SMALL_TEXT_PX = 10
+#: Whether the whole-notebook pictures are taken (``QVIZ_SCREENSHOTS`` names their folder).
+SHOTS = bool(os.environ.get("QVIZ_SCREENSHOTS"))
 
 #: Per code cell: its index, "running" while it is queued or running, and its execution count.
 #: A queued cell's state is idle until the kernel starts it; its prompt says ``[*]:`` at once.
@@ -478,7 +482,8 @@ def test_notebook_runs_in_jupyterlab(path: Path, lab: Any, screenshots: Path) ->
         page.set_viewport_size({"width": width, "height": SHOT_HEIGHT})
         page.wait_for_timeout(500)  # JupyterLab lays the notebook out again
         rendered = _check_rendered(page, nb, name)
-        screenshot(page, screenshots / f"{name}_{width}.png")
+        if SHOTS:  # the stitched picture is for a person: about 5 s a notebook, so on request
+            screenshot(page, screenshots / f"{name}_{width}.png")
         layout[width] = {"findings": _findings(rendered, width), "outputs": rendered}
         for finding in layout[width]["findings"]:
             print(f"  {name}: {finding}")
