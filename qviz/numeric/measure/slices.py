@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from qviz.numeric.measure.streaming import BLOCK, blocks
+
 #: A slice is ranked when its signal energy is at least this share of the median slice's.
 MIN_SIGNAL_SHARE = 0.01
 
@@ -141,21 +143,34 @@ class SliceStats:
             return
         if not self.count:
             self.token_dim, self.channel_dim = self._axes(reference.dim())
-        ref = reference.detach().double()
-        err = test.detach().to(ref.device).double() - ref
-        sizes = tuple(0 if d is None else ref.shape[d] for d in (self.token_dim, self.channel_dim))
+        shape = reference.shape
+        sizes = tuple(0 if d is None else shape[d] for d in (self.token_dim, self.channel_dim))
         if self.count and sizes != self.sizes:
             self.valid = False
             return
         self.sizes = sizes  # type: ignore[assignment]
-        self.count += ref.numel()
-        sq, err_sq = ref.square(), err.square()
-        if self.token_dim is not None:
-            d = self.token_dim
-            self.tokens.add(torch.cat([_sums(sq, d), _sums(err_sq, d)]).cpu())
-        if self.channel_dim is not None:
-            d = self.channel_dim
-            self.channels.add(torch.cat([_sums(sq, d), _sums(err_sq, d), _sums(err, d)]).cpu())
+        self.count += reference.numel()
+        # a block of whole rows of dim 0 (never a token or channel axis) at a time, so that the
+        # float64 temporaries stay small (qviz.numeric.measure.streaming.BLOCK); the batch's
+        # float64 sums are then added exactly
+        rows = max(1, BLOCK // max(1, reference[0].numel()))
+        tokens = channels = None
+        for start in blocks(shape[0], rows):
+            ref = reference[start : start + rows].detach().double()
+            err = test[start : start + rows].detach().to(ref.device).double() - ref
+            sq, err_sq = ref.square(), err.square()
+            if self.token_dim is not None:
+                d = self.token_dim
+                part = torch.cat([_sums(sq, d), _sums(err_sq, d)])
+                tokens = part if tokens is None else tokens.add_(part)
+            if self.channel_dim is not None:
+                d = self.channel_dim
+                part = torch.cat([_sums(sq, d), _sums(err_sq, d), _sums(err, d)])
+                channels = part if channels is None else channels.add_(part)
+        if tokens is not None:
+            self.tokens.add(tokens.cpu())
+        if channels is not None:
+            self.channels.add(channels.cpu())
 
     def merge(self, other: SliceStats) -> None:
         """Add another shard's sums of the same tensor."""
