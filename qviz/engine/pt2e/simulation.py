@@ -168,9 +168,21 @@ def _fold_constant_dequantize(converted: GraphModule, graph: Graph) -> dict[str,
     return constants
 
 
-def _fusable(q: Node) -> bool:
+def fusable(q: Node) -> bool:
     """``q`` quantizes a tensor per tensor with plain numbers onto an exact grid, and every
-    user dequantizes it back with the same numbers (no other output dtype)."""
+    user dequantizes it back with the same numbers (no other output dtype): the pair is
+    :func:`fake_quantize` with ``q``'s arguments, bit for bit.
+
+    Example:
+        >>> import torch, qviz
+        >>> from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+        >>> x = torch.randn(8, 4)
+        >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 2)).eval(), (x,))
+        >>> q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+        >>> c = qviz.convert_pt2e(qviz.calibrate(qviz.prepare_pt2e(gm, q), x, progress=False))
+        >>> [n.name for n in c.graph.nodes if fusable(n)]
+        ['quantize_per_tensor_default_1', 'quantize_per_tensor_default_2']
+    """
     qd = quantized_decomposed()
     if q.op != "call_function" or q.target != qd.quantize_per_tensor.default or q.kwargs:
         return False
@@ -191,7 +203,7 @@ def _fusable(q: Node) -> bool:
 
 def _fuse_quantize_dequantize(graph: Graph) -> None:
     """Each fusable quantize and its dequantizes become one :func:`fake_quantize` call."""
-    for q in [n for n in graph.nodes if _fusable(n)]:
+    for q in [n for n in graph.nodes if fusable(n)]:
         with graph.inserting_before(q):
             fused = graph.call_function(fake_quantize, tuple(q.args))
         fused.meta.update(q.meta)

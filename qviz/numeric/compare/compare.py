@@ -65,6 +65,7 @@ from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
 from qviz.engine.pt2e.plan import plan_of
+from qviz.engine.pt2e.simulation import fake_quantize, fusable
 from qviz.errors import ConfigError
 from qviz.numeric.compare.modules import compare_modules
 from qviz.numeric.compare.report import NumericReport
@@ -114,7 +115,10 @@ class _FloatRun(Interpreter):
 class _QuantRun(Interpreter):
     """Runs the quantized model and measures every row as its operator and probe execute."""
 
-    def __init__(self, gm: GraphModule, rows: list[_Row], floats: dict[int, torch.Tensor]):
+    def __init__(
+        self, gm: GraphModule, rows: list[_Row], floats: dict[int, torch.Tensor],
+        fused: set[Node] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(gm)
         self.floats = floats
         self.by_node = {r.node: r for r in rows}
@@ -122,12 +126,20 @@ class _QuantRun(Interpreter):
         for r in rows:
             self.by_probe.setdefault(r.probe, []).append(r)
         self.quantize_ops, self.dequantize_ops = qdq_ops()
+        #: quantize nodes computed with their dequantizes as one exact fake_quantize
+        self.fused = fusable_quantizes(gm) if fused is None else fused
 
     def run_node(self, n: Node) -> Any:
         row = self.by_node.get(n)
         if row is not None and row.local is not None:
             self._local(row)
-        result = super().run_node(n)
+        if n in self.fused:  # its value: the dequantized one, which its dequantizes return
+            result = fake_quantize(self.env[n.args[0]], *n.args[1:])
+        elif n.op == "call_function" and n.args and n.args[0] in self.fused:
+            value = self.env[n.args[0]]  # a dequantize of a fused quantize
+            result = value if len(n.args[0].users) == 1 else value.clone()
+        else:
+            result = super().run_node(n)
         for r in self.by_probe.get(n, ()):
             ref = self.floats.get(r.ref)
             if ref is not None and isinstance(result, torch.Tensor):
@@ -145,7 +157,15 @@ class _QuantRun(Interpreter):
         raise LookupError(arg.name)
 
     def _replay(self, chain: list[Node], value: torch.Tensor) -> torch.Tensor:
-        for q in reversed(chain):
+        """``chain`` (nearest last) applied to ``value``; a fused quantize and its dequantize
+        as one exact fake_quantize."""
+        steps = list(reversed(chain))
+        for i, q in enumerate(steps):
+            if i and steps[i - 1] in self.fused:
+                continue  # the dequantize of the step before, computed with it
+            if q in self.fused and i + 1 < len(steps):
+                value = fake_quantize(value, *q.args[1:])
+                continue
             rest = map_arg(q.args[1:], self._value)
             value = q.target(value, *rest, **map_arg(q.kwargs, self._value))
         return value
@@ -180,6 +200,12 @@ class _QuantRun(Interpreter):
         row.local.update(ref, out)
         if isinstance(out, torch.Tensor):
             row.slices.update(ref, out)
+
+
+def fusable_quantizes(gm: GraphModule) -> set[Node]:
+    """The quantize nodes of ``gm`` that compare computes together with their dequantizes as
+    one :func:`~qviz.engine.pt2e.simulation.fake_quantize` (the same values, bit for bit)."""
+    return {n for n in gm.graph.nodes if fusable(n)}
 
 
 def _chain_to(probe: Node, start: Node) -> list[Node]:
@@ -553,6 +579,7 @@ def _measure(fgm, models, batches, metric, progress) -> list[_Measured]:
     wanted = set().union(*(_needed(rows) for _, rows in models))
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
     totals = [OutputTotals.for_metric(metric) for _ in models]
+    fused = [fusable_quantizes(qgm) for qgm, _ in models]
     from qviz.numeric.measure.progress import progress_bar
 
     with torch.no_grad():
@@ -563,8 +590,8 @@ def _measure(fgm, models, batches, metric, progress) -> list[_Measured]:
             float_run = _FloatRun(fgm, float_handles, wanted)
             float_out = float_run.run(*bound.args)
             size = batch_size(bound.args)
-            for (qgm, rows), total in zip(models, totals, strict=True):
-                quant_out = _QuantRun(qgm, rows, float_run.outputs).run(*bound.args)
+            for (qgm, rows), total, exact in zip(models, totals, fused, strict=True):
+                quant_out = _QuantRun(qgm, rows, float_run.outputs, exact).run(*bound.args)
                 value = metric_value(metric, single(float_out), single(quant_out), bound.target,
                                      where)  # fmt: skip
                 total.add(float_out, quant_out, size, value, where)

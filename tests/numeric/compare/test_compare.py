@@ -139,6 +139,32 @@ def test_compare_each_runs_the_float_model_once_per_batch_and_equals_compare(
         compare_each(gm, [quantized, gm], test)
 
 
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_fused_quantize_dequantize_pairs_give_the_reference_ops_report_bit_for_bit(
+    digits, per_channel, monkeypatch
+):
+    """compare computes each per-tensor quantize / dequantize pair as one exact fake_quantize
+    (in the quantized run and in every local replay): the report is the one the reference
+    operators give, bit for bit, on a model with residual adds and a pool that shares its
+    input's grid."""
+    import sys
+
+    import pandas as pd
+
+    compare_module = sys.modules["qviz.numeric.compare.compare"]
+    _, gm, _, quantized, test = digits
+    if not per_channel:
+        calibrated = qviz.calibrate(qviz.prepare_pt2e(gm, xnnpack()), [x for x, _ in test[:2]],
+                                    progress=False)  # fmt: skip
+        quantized = qviz.convert_pt2e(calibrated)
+    assert len(compare_module.fusable_quantizes(quantized)) > 10
+    fused = compare(gm, quantized, test, metric=accuracy, progress=False)
+    monkeypatch.setattr(compare_module, "fusable_quantizes", lambda gm: set())
+    reference = compare(gm, quantized, test, metric=accuracy, progress=False)
+    pd.testing.assert_frame_equal(fused.df, reference.df, check_exact=True)
+    assert (fused.output_sqnr, fused.metric) == (reference.output_sqnr, reference.metric)
+
+
 def test_the_float_module_itself_gives_the_same_report(digits, report):
     model, _, _, quantized, test = digits
     again = compare(model, quantized, test, progress=False)  # exported inside, same handles
