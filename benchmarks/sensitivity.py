@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 import torch
 from _machine import cpu, set_threads, timed
+from _models import encoder
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -68,12 +69,8 @@ def _torchvision(name: str) -> tuple[Any, list, list, None]:
 
 
 def _encoder() -> tuple[Any, list, list, None]:
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
-    g = torch.Generator().manual_seed(1)
-    calib = [torch.randn(8, 16, 64, generator=g) for _ in range(4)]
-    test = [torch.randn(8, 16, 64, generator=g) for _ in range(2)]
+    model, batches = encoder(n_batches=6)  # the same generator: 4 to calibrate, 2 to score
+    calib, test = batches[:4], batches[4:]
     return qviz.export(model, (calib[0],), dynamic_batch=True), calib, test, None
 
 

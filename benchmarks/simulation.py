@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from _machine import cpu, set_threads, timed
+from _models import encoder
 
 import qviz
 from qviz.data import digits_loaders, digits_model
@@ -40,10 +41,8 @@ def _models() -> Iterator[tuple[str, torch.nn.Module, torch.Tensor]]:
         torch.manual_seed(0)
         model = getattr(torchvision.models, name)().eval()
         yield name, model, torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
-    yield "encoder", encoder, torch.randn(8, 16, 64, generator=torch.Generator().manual_seed(1))
+    model, batches = encoder(n_batches=1)
+    yield "encoder", model, batches[0]
 
 
 def _median_ms(model: Any, x: torch.Tensor, runs: int = 7) -> float:

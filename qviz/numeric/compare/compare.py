@@ -99,17 +99,54 @@ class _Row:
 class _FloatRun(Interpreter):
     """Runs the float model, keeping a copy of each wanted operator's output."""
 
-    def __init__(self, gm: GraphModule, handles: dict[Node, int], wanted: set[int]) -> None:
+    def __init__(
+        self, gm: GraphModule, handles: dict[Node, int], wanted: set[int], copy: bool = True
+    ) -> None:
         super().__init__(gm)
-        self.handles, self.wanted = handles, wanted
+        self.handles, self.wanted, self.copy = handles, wanted, copy
         self.outputs: dict[int, torch.Tensor] = {}
 
     def run_node(self, n: Node) -> Any:
         result = super().run_node(n)
         h = self.handles.get(n)
         if h in self.wanted and isinstance(result, torch.Tensor):
-            self.outputs[h] = result.detach().clone()
+            self.outputs[h] = result.detach().clone() if self.copy else result.detach()
         return result
+
+
+def changes_values(gm: GraphModule) -> bool:
+    """Whether running ``gm`` may change a value after it was made: an operator that writes
+    into an input (``relu_``, ``add_``: its schema is mutable), a module or method call, or
+    a Python function other than ``operator``'s (unknown: assumed to). An exported functional
+    graph has none, so the outputs compare keeps need no copy.
+
+    Example:
+        >>> import torch, qviz
+        >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(),
+        ...                  (torch.randn(2, 4),))
+        >>> changes_values(gm)
+        False
+    """
+    for n in gm.graph.nodes:
+        if n.op == "call_module" and n.target == "_guards_fn":  # export's input-shape guards
+            continue
+        if n.op in ("call_module", "call_method"):
+            return True
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return True
+        if schema is None and not _operator_function(n.target):
+            return True
+    return False
+
+
+def _operator_function(target: Any) -> bool:
+    """A function of Python's ``operator`` module that makes a new value (``getitem``, ``mul``
+    on sizes), not an in-place one (``iadd``)."""
+    name = getattr(target, "__name__", "")
+    return getattr(target, "__module__", None) == "_operator" and not name.startswith("i")
 
 
 class _QuantRun(Interpreter):
@@ -580,6 +617,7 @@ def _measure(fgm, models, batches, metric, progress) -> list[_Measured]:
     float_handles = {n: h for n in fgm.graph.nodes if (h := handle(n)) is not None}
     totals = [OutputTotals.for_metric(metric) for _ in models]
     fused = [fusable_quantizes(qgm) for qgm, _ in models]
+    copy_outputs = changes_values(fgm)  # kept outputs are copied only if an op could write
     from qviz.numeric.measure.progress import progress_bar
 
     with torch.no_grad():
@@ -587,7 +625,7 @@ def _measure(fgm, models, batches, metric, progress) -> list[_Measured]:
             where = f"compare: batch {index}"
             check_finite(batch, where)  # a NaN input is named, not measured
             bound = bind_batch(models[0][0], batch, where)
-            float_run = _FloatRun(fgm, float_handles, wanted)
+            float_run = _FloatRun(fgm, float_handles, wanted, copy_outputs)
             float_out = float_run.run(*bound.args)
             size = batch_size(bound.args)
             for (qgm, rows), total, exact in zip(models, totals, fused, strict=True):
