@@ -3,7 +3,7 @@
 Example:
     >>> model, batches = encoder(n_batches=2)
     >>> [tuple(b.shape) for b in batches], sum(p.numel() for p in model.parameters())
-    ([(8, 16, 64), (8, 16, 64)], 67200)
+    ([(8, 16, 64), (8, 16, 64)], 66944)
 """
 
 from __future__ import annotations
