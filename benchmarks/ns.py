@@ -18,9 +18,9 @@ time is the steadier of the two; ratios are within one column):
 * float forward: the exported float GraphModule over every batch;
 * quantized forward: the ``convert_pt2e`` model over every batch;
 * qviz compare: ``qviz.numeric.compare(gm, quantized, batches)``; its ratio is to float + quantized
-  forward (what any comparison must run), printed against the target, at most 2x (``TARGET``). compare measures more than torchao
-  does (cumulative and local error, grid statistics, weight SQNR for every operator), and the
-  local error runs every quantized operator a second time;
+  forward (what any comparison must run), printed against the target, at most 2x (``TARGET``).
+  compare measures more than torchao does (cumulative and local error, grid statistics, weight
+  SQNR for every operator), and the local error runs every quantized operator a second time;
 * torchao debugger, *comparison only*: the float and converted models with torchao's
   ``prepare_for_propagation_comparison`` loggers run on every batch,
   ``extract_results_from_loggers``, ``compare_results`` and the SQNR of every matched handle (mean
