@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from qviz.engine.pt2e.passes.bn_fold import (
 )
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.engine.repair.adaround_optim import AdaRoundSettings, learn_rounding, reconstruction_loss
+from qviz.engine.repair.memo import RECENT_ROUNDINGS, ContentDigest
 from qviz.engine.repair.options import AdaRoundOptions
 from qviz.errors import CalibrationError, ConfigError, closest_names
 
@@ -273,6 +275,24 @@ def _check_float_weight(layer: _Layer, w: torch.Tensor, stored: torch.Tensor) ->
         )
 
 
+def _rounding_key(layer: _Layer, stored: torch.Tensor, w: torch.Tensor, x: torch.Tensor,
+                  ref: torch.Tensor, call: Any, settings: AdaRoundSettings) -> str:  # fmt: skip
+    """A digest of everything ``layer``'s learned rounding is computed from: the operator, its
+    other arguments (bias, stride, ...), the relu after it, the nearest integers, the float
+    weight, the grid, the cached inputs and float outputs, the optimization settings (seed
+    included) and the thread count (the order of the sums)."""
+    digest = ContentDigest()
+    digest.add((str(layer.node.target), layer.relu, torch.get_num_threads()))
+    digest.add(tuple(getattr(settings, f.name) for f in dataclasses.fields(AdaRoundSettings)))
+    args, kwargs = call
+    for value in (*args[2:], *sorted(kwargs.items())):
+        digest.add(value)
+    grid = layer.grid
+    for value in (stored, w, grid.scale, grid.zero_point, (grid.qmin, grid.qmax), x, ref):
+        digest.add(value)
+    return digest.hexdigest()
+
+
 def _round_layer(
     out: GraphModule,
     fgm: GraphModule,
@@ -280,7 +300,9 @@ def _round_layer(
     batches: list[ModelInputs],
     settings: AdaRoundSettings,
 ) -> TransformRecord:
-    """Learn ``layer``'s rounding on ``out`` (in place), return its record."""
+    """Learn ``layer``'s rounding on ``out`` (in place), return its record; a layer learned
+    before from the same content (:data:`~qviz.engine.repair.memo.RECENT_ROUNDINGS`) takes the
+    integers it chose then."""
     stored = get_attr_value(out, layer.weight)
     w = get_attr_value(fgm, layer.twin.args[1]).detach().float()
     _check_float_weight(layer, w, stored)
@@ -289,6 +311,22 @@ def _round_layer(
     ref = torch.relu(ref) if layer.relu else ref
     if layer.node.target in CONV_OPS | TRANSPOSED_CONV_OPS:
         ref = ref.movedim(1, -1)
+    key = _rounding_key(layer, stored, w, x, ref, call, settings)
+    learned = RECENT_ROUNDINGS.get(key)
+    if learned is None:
+        learned = _learn(layer, stored, w, x, ref, call, settings)
+        RECENT_ROUNDINGS[key] = learned
+    chosen, before, after, flipped = learned
+    with torch.no_grad():
+        stored.copy_(chosen)
+    return _record(layer, settings, before, after, flipped)
+
+
+def _learn(layer: _Layer, stored: torch.Tensor, w: torch.Tensor, x: torch.Tensor,
+           ref: torch.Tensor, call: Any,
+           settings: AdaRoundSettings) -> tuple[torch.Tensor, float, float, float]:  # fmt: skip
+    """The integers AdaRound chooses for ``layer`` (in ``stored``'s dtype), the reconstruction
+    loss before and after, and the share of weights rounded away from nearest."""
     fn, grid = _layer_fn(layer, call), layer.grid
     floor_q = torch.floor(w / grid.scale)
     nearest_w = (stored.float() - grid.zero_point) * grid.scale
@@ -301,7 +339,11 @@ def _round_layer(
     with torch.no_grad():
         after = float(reconstruction_loss(fn(x, grid.weight(floor_q + h)), ref, -1))
         flipped = float((chosen != grid.nearest(w)).float().mean())
-        stored.copy_(chosen.to(stored.dtype))
+    return chosen.to(stored.dtype), before, after, flipped
+
+
+def _record(layer: _Layer, settings: AdaRoundSettings, before: float, after: float,
+            flipped: float) -> TransformRecord:  # fmt: skip
     return TransformRecord(
         "adaround",
         (layer.node.name,),

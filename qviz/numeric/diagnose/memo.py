@@ -14,21 +14,17 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
-from typing import Any
-
 import torch
 from torch.fx.node import map_arg
 
-from qviz.engine.graph.fingerprint import tensor_bytes
+from qviz.engine.repair.memo import ContentDigest, ContentMemo
 from qviz.numeric.diagnose.gain import LocalOperator
 
 
-class EstimateMemo:
+class EstimateMemo(ContentMemo):
     """Remedy estimates by :func:`content_key` (and remedy), the most recently used ``size``
     kept: what :func:`~qviz.numeric.diagnose` takes estimates from instead of measuring them
-    again.
+    again (a :class:`~qviz.engine.repair.memo.ContentMemo`).
 
     Example:
         >>> memo = EstimateMemo(size=2)
@@ -36,25 +32,6 @@ class EstimateMemo:
         >>> memo.get("a"), memo.get("c"), len(memo)
         (None, 3, 2)
     """
-
-    def __init__(self, size: int = 2048) -> None:
-        self.size, self._kept = size, OrderedDict()
-
-    def get(self, key: Any) -> Any:
-        """The estimate kept under ``key`` (now the most recently used), or None."""
-        if key not in self._kept:
-            return None
-        self._kept.move_to_end(key)
-        return self._kept[key]
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._kept[key] = value
-        self._kept.move_to_end(key)
-        while len(self._kept) > self.size:
-            self._kept.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._kept)
 
 
 #: The estimates :func:`~qviz.numeric.diagnose` keeps when it is given none: a notebook that
@@ -81,17 +58,8 @@ def content_key(local: LocalOperator) -> str:
         >>> content_key(a) == content_key(a) != content_key(b)
         True
     """
-    sha = hashlib.sha1(usedforsecurity=False)
-
-    def add(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            sha.update(f"{t.dtype} {tuple(t.shape)} ".encode())
-            sha.update(tensor_bytes(t))
-        else:
-            sha.update(repr(value).encode())
-        sha.update(b"|")
-
+    digest = ContentDigest()
+    add = digest.add
     node, inputs = local.node, [a.name for a in local.node.all_input_nodes]
     add((str(node.target), local.figure, torch.get_num_threads()))  # threads: sums' order
     add(map_arg((node.args, node.kwargs), lambda a: f"input {inputs.index(a.name)}"))
@@ -114,4 +82,4 @@ def content_key(local: LocalOperator) -> str:
         for key, value in sorted(observer.state_dict().items()):
             add(key)
             add(value)
-    return sha.hexdigest()
+    return digest.hexdigest()

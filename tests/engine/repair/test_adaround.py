@@ -221,3 +221,46 @@ def test_nodes_rounds_only_the_named_layer():
     assert [r.nodes for r in out.plan.transforms] == [("linear",)]
     with pytest.raises(ConfigError, match="'conv2d_9' is not a conv / linear"):
         adaround(converted, gm, data, iterations=5, nodes=["conv2d_9"], progress=False)
+
+
+def test_a_layer_learned_from_the_same_content_takes_the_integers_it_chose(monkeypatch):
+    """A layer whose weights, grid, inputs and settings are what they were is not learned again
+    (a RepairSession rebuilding after a quantizer change): its integers and record are the ones
+    learned then, bit for bit; a layer whose content changed is learned again."""
+    import copy
+    import sys
+
+    from qviz.engine.repair.memo import RECENT_ROUNDINGS
+
+    module = sys.modules["qviz.engine.repair.adaround"]  # the package's name is the function
+
+    learned = []
+    real = module._learn
+    monkeypatch.setattr(module, "_learn", lambda layer, *a: learned.append(layer.node.name)
+                        or real(layer, *a))  # fmt: skip
+    RECENT_ROUNDINGS.clear()
+    model, data = _convnet()
+    gm, _, converted = quantize(model, data, config=_config(3), dynamic_batch=True)
+    first = adaround(converted, gm, data, iterations=150, progress=False)
+    assert learned == ["conv2d", "linear"]
+    again = adaround(converted, gm, data, iterations=150, progress=False)
+    assert learned == ["conv2d", "linear"]  # nothing learned again
+    ints = _int_weights(first)
+    assert all(torch.equal(again.get_buffer(k), v) for k, v in ints.items())
+    assert again.plan.transforms == first.plan.transforms
+    adaround(converted, gm, data, iterations=151, progress=False)  # other settings
+    assert learned[2:] == ["conv2d", "linear"]
+
+    changed = copy.deepcopy(model)  # only the head changes: the conv's content is the same
+    with torch.no_grad():
+        changed.fc.weight.add_(0.05)
+    gm2, _, converted2 = quantize(changed, data, config=_config(3), dynamic_batch=True)
+    del learned[:]
+    reused = adaround(converted2, gm2, data, iterations=150, progress=False)
+    assert learned == ["linear"]
+    RECENT_ROUNDINGS.clear()
+    fresh = adaround(converted2, gm2, data, iterations=150, progress=False)
+    assert learned == ["linear", "conv2d", "linear"]
+    for key, value in _int_weights(fresh).items():
+        assert torch.equal(reused.get_buffer(key), value), key
+    assert reused.plan.transforms == fresh.plan.transforms
