@@ -51,7 +51,7 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
-from qviz.engine.graph.fingerprint import fingerprint
+from qviz.engine.graph.fingerprint import fingerprint, known_origin
 from qviz.engine.graph.inputs import checked_batches
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
@@ -192,11 +192,12 @@ def search_precision(
     setup = functools.partial(_setup, exported_model, quantizer, data, metric, candidates, cost,
                               layers, screening_data, calibration_data)  # fmt: skip
     out = distributed.sharded(setup, group, _WHERE, share=lambda _: None)
-    search = _Search(out.result, target, out.shard.group, progress and out.shard.rank == 0)
-    if not search.first_guess():
-        search.screen()
-        search.confirm(_positive(max_evaluations) - 1)
-    return search.result()
+    with known_origin(exported_model):  # every variant's prepare: the float digest taken once
+        search = _Search(out.result, target, out.shard.group, progress and out.shard.rank == 0)
+        if not search.first_guess():
+            search.screen()
+            search.confirm(_positive(max_evaluations) - 1)
+        return search.result()
 
 
 def _positive(value: Any) -> int:

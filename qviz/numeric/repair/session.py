@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -44,6 +43,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
+from qviz.engine.graph.fingerprint import derived_copy
 from qviz.engine.graph.stage import Stage as ModelStage
 from qviz.engine.graph.stage import check_stage
 from qviz.engine.pt2e.plan import TransformRecord
@@ -303,7 +303,8 @@ class RepairSession:
     ) -> None:
         check_stage(float_gm, ModelStage.FLOAT, where="RepairSession", arg="float_gm",
                     exported=True)  # fmt: skip
-        self._float = copy.deepcopy(float_gm)
+        # the session's own copy, its origin recorded: no prepare digests its weights again
+        self._float = derived_copy(float_gm)
         self._quantizer = quantizer
         self._data, self._calibration = variant_batches(data, calibration_data, float_gm,
                                                         "RepairSession")  # fmt: skip

@@ -43,6 +43,7 @@ from typing import Any
 from torch.fx import GraphModule
 
 from qviz.engine import distributed
+from qviz.engine.graph.fingerprint import known_origin
 from qviz.engine.graph.node_data import op_name
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.observer_reuse import ObserverReuse
@@ -141,15 +142,18 @@ def sensitivity(
     out = distributed.sharded(setup, group, "sensitivity", share=lambda _: None)
     (evaluator, calibration, full), group = out.result, out.shard.group
     rank0 = out.shard.rank == 0  # the one progress bar
-    ops, reuse, base = _baseline(exported_model, full, evaluator, calibration, group)
-    versus = None if metric is None else base[1] if mode == "fallback" else evaluator.float_metric
-    quantize = functools.partial(quantize_variant, exported_model, calibration=calibration,
-                                 group=group, reuse=reuse)  # fmt: skip
-    rows = [
-        _row(node, evaluator.score(quantize(variant), _label(node.name, mode)), mode, base[0],
-             versus)
-        for node, variant in _variants(exported_model, quantizer, ops, mode, progress and rank0)
-    ]  # fmt: skip
+    with known_origin(exported_model):  # every variant's prepare: the float digest taken once
+        ops, reuse, base = _baseline(exported_model, full, evaluator, calibration, group)
+        versus = None if metric is None else base[1] if mode == "fallback" else (
+            evaluator.float_metric)  # fmt: skip
+        quantize = functools.partial(quantize_variant, exported_model, calibration=calibration,
+                                     group=group, reuse=reuse)  # fmt: skip
+        rows = [
+            _row(node, evaluator.score(quantize(variant), _label(node.name, mode)), mode,
+                 base[0], versus)
+            for node, variant in _variants(exported_model, quantizer, ops, mode,
+                                           progress and rank0)
+        ]  # fmt: skip
     return _ranked(rows, mode, metric is not None, *base, evaluator.float_metric)
 
 
@@ -287,10 +291,11 @@ def compare_configs(
     quantizers = [_quantizer_of(name, config) for name, config in configs.items()]
     batches, calibration = variant_batches(data, calibration_data, exported_model,
                                            "compare_configs")  # fmt: skip
-    quantized = [  # converted models (integer weights), all compared in one pass over the data
-        quantize_variant(exported_model, quantizer, calibration)
-        for quantizer in progress_bar(quantizers, progress, "configs")
-    ]
+    with known_origin(exported_model):  # the float digest taken once for every config
+        quantized = [  # converted models (integer weights), compared in one pass over the data
+            quantize_variant(exported_model, quantizer, calibration)
+            for quantizer in progress_bar(quantizers, progress, "configs")
+        ]
     reports = compare_each(exported_model, quantized, batches, progress=False)
     frames = [r.df.set_index("node")[["op", "module", "local_sqnr"]] for r in reports]
     names = list(map(str, configs))

@@ -76,3 +76,25 @@ def test_a_quant_nn_report_knows_its_eager_models():
     report = qviz.numeric.compare(model, quantized, data, progress=False)
     assert report.fingerprint == fingerprint(copy.deepcopy(quantized))
     assert report.float_fingerprint == fingerprint(model) != report.fingerprint
+
+
+def test_variants_prepared_inside_known_origin_digest_the_float_weights_once(monkeypatch):
+    """sensitivity, compare_configs and search_precision prepare every variant inside
+    known_origin: the float model's weights are hashed once, not once per variant, and the
+    variants carry the same origin as when each digests them itself."""
+    import qviz
+    from qviz.engine.graph import fingerprint as module
+    from qviz.engine.quantizers import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), (torch.randn(2, 4),))
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    alone = qviz.prepare_pt2e(gm, quantizer)
+    digests = []
+    real = module.tensors_digest
+    monkeypatch.setattr(module, "tensors_digest", lambda m: digests.append(m) or real(m))
+    with module.known_origin(gm) as digest:
+        variants = [qviz.prepare_pt2e(gm, quantizer) for _ in range(3)]
+    assert sum(m is gm for m in digests) == 1
+    assert {fingerprint(v).origin for v in variants} == {fingerprint(alone).origin, digest}
+    qviz.prepare_pt2e(gm, quantizer)  # outside the block: digested again
+    assert sum(m is gm for m in digests) == 2
