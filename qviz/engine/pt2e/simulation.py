@@ -44,6 +44,7 @@ from torch.fx import Graph, GraphModule, Node
 
 from qviz.engine.compat import quantized_decomposed
 from qviz.engine.graph.get_attr import get_attr_value
+from qviz.engine.graph.memo import ContentDigest
 from qviz.engine.graph.qdq_ops import dequantize_ops
 from qviz.errors import ConfigError
 
@@ -79,13 +80,17 @@ def fake_quantize(
     return y.sub_(zero_point).mul_(scale)
 
 
-def simulated(converted: GraphModule) -> GraphModule:
+def simulated(converted: GraphModule, *, constants: Any = None) -> GraphModule:
     """A copy of ``converted`` that computes its outputs bit for bit, faster (see the module
     docstring): weights dequantized once, activations fake-quantized in one step each.
 
     Args:
         converted: a model from :func:`qviz.convert_pt2e` (any graph module works: what is not
             a quantize / dequantize pattern it knows is kept as it is).
+        constants: a :class:`~qviz.engine.graph.memo.ContentMemo` that keeps each dequantized
+            weight by the exact operator and arguments it came from: simulations of several
+            variants of one model (most of their integer weights the same) dequantize each
+            weight once and share the float tensor. None: every weight is dequantized.
 
     Returns:
         A new graph module sharing ``converted``'s other constants and submodules; its
@@ -112,7 +117,7 @@ def simulated(converted: GraphModule) -> GraphModule:
     # module) and copies each node's meta shallowly; the graph is rewritten first, so the module
     # is made (and its code generated) once
     graph = copy.deepcopy(converted.graph)
-    constants = _fold_constant_dequantize(converted, graph)
+    constants = _fold_constant_dequantize(converted, graph, constants)
     _fuse_quantize_dequantize(graph)
     for node in reversed(graph.nodes):  # the integer weights (and their qparams) nobody reads
         if node.op == "get_attr" and not node.users:
@@ -142,10 +147,12 @@ def _constant(gm: GraphModule, arg: Any) -> Any:
 _NOT_CONSTANT = object()
 
 
-def _fold_constant_dequantize(converted: GraphModule, graph: Graph) -> dict[str, torch.Tensor]:
+def _fold_constant_dequantize(
+    converted: GraphModule, graph: Graph, memo: Any = None
+) -> dict[str, torch.Tensor]:
     """Each ``dequantize`` of ``graph`` (a copy of ``converted``'s) whose inputs are all
-    constants becomes a float constant: the same operator, called once with the same arguments.
-    Returns the new constants by name."""
+    constants becomes a float constant: the same operator, called once with the same arguments
+    (or taken from ``memo``, by them). Returns the new constants by name."""
     constants: dict[str, torch.Tensor] = {}
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in dequantize_ops():
@@ -154,8 +161,7 @@ def _fold_constant_dequantize(converted: GraphModule, graph: Graph) -> dict[str,
         kwargs = {k: _constant(converted, v) for k, v in node.kwargs.items()}
         if any(a is _NOT_CONSTANT for a in (*args, *kwargs.values())):
             continue
-        with torch.no_grad():
-            value = node.target(*args, **kwargs)
+        value = _dequantized(node.target, args, kwargs, memo)
         name = f"_simulated_constant{len(constants)}"
         while hasattr(converted, name):
             name += "_"
@@ -166,6 +172,25 @@ def _fold_constant_dequantize(converted: GraphModule, graph: Graph) -> dict[str,
         node.replace_all_uses_with(constant)
         graph.erase_node(node)
     return constants
+
+
+def _dequantized(target: Any, args: list[Any], kwargs: dict[str, Any], memo: Any) -> Any:
+    """``target(*args, **kwargs)`` once: ``memo`` (if any) keeps it by the operator and the
+    exact arguments (tensors by dtype, shape and bytes)."""
+    key = None
+    if memo is not None:
+        digest = ContentDigest().add(str(target))
+        for value in (*args, *sorted(kwargs.items())):
+            digest.add(value)
+        key = digest.hexdigest()
+        kept = memo.get(key)
+        if kept is not None:
+            return kept
+    with torch.no_grad():
+        value = target(*args, **kwargs)
+    if key is not None:
+        memo[key] = value
+    return value
 
 
 def fusable(q: Node) -> bool:

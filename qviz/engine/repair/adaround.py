@@ -52,6 +52,7 @@ from qviz.engine.graph.debug_handles import assign_handles, handle
 from qviz.engine.graph.fingerprint import check_lineage
 from qviz.engine.graph.get_attr import get_attr_value
 from qviz.engine.graph.inputs import ModelInputs, bind_batch, measured_batches
+from qviz.engine.graph.memo import ContentDigest, ContentMemo
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.passes.bn_fold import (
     CONV_OPS,
@@ -61,11 +62,16 @@ from qviz.engine.pt2e.passes.bn_fold import (
 )
 from qviz.engine.pt2e.plan import TransformRecord, record_transform
 from qviz.engine.repair.adaround_optim import AdaRoundSettings, learn_rounding, reconstruction_loss
-from qviz.engine.repair.memo import RECENT_ROUNDINGS, ContentDigest
 from qviz.engine.repair.options import AdaRoundOptions
 from qviz.errors import CalibrationError, ConfigError, closest_names
 
 _RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
+
+#: Each layer's learned rounding by what it was learned from (:func:`_rounding_key`): the
+#: chosen integers are the size of the layer's int weight, so 256 layers of a few-MB model are
+#: a few MB. A ``RepairSession`` that rebuilds after a quantizer change learns again only the
+#: layers whose weights, grid, inputs or settings changed.
+RECENT_ROUNDINGS = ContentMemo(size=256)
 
 
 @dataclass(frozen=True)
@@ -301,7 +307,7 @@ def _round_layer(
     settings: AdaRoundSettings,
 ) -> TransformRecord:
     """Learn ``layer``'s rounding on ``out`` (in place), return its record; a layer learned
-    before from the same content (:data:`~qviz.engine.repair.memo.RECENT_ROUNDINGS`) takes the
+    before from the same content (:data:`RECENT_ROUNDINGS`) takes the
     integers it chose then."""
     stored = get_attr_value(out, layer.weight)
     w = get_attr_value(fgm, layer.twin.args[1]).detach().float()

@@ -17,14 +17,14 @@ from __future__ import annotations
 import torch
 from torch.fx.node import map_arg
 
-from qviz.engine.repair.memo import ContentDigest, ContentMemo
+from qviz.engine.graph.memo import ContentDigest, ContentMemo
 from qviz.numeric.diagnose.gain import LocalOperator
 
 
 class EstimateMemo(ContentMemo):
     """Remedy estimates by :func:`content_key` (and remedy), the most recently used ``size``
     kept: what :func:`~qviz.numeric.diagnose` takes estimates from instead of measuring them
-    again (a :class:`~qviz.engine.repair.memo.ContentMemo`).
+    again (a :class:`~qviz.engine.graph.memo.ContentMemo`).
 
     Example:
         >>> memo = EstimateMemo(size=2)

@@ -44,6 +44,7 @@ from torch.fx import GraphModule
 
 from qviz.engine import distributed
 from qviz.engine.graph.inputs import bind_batch, call_model, measured_batches
+from qviz.engine.graph.memo import ContentMemo
 from qviz.engine.pt2e.observer_reuse import ObserverReuse, held_out
 from qviz.engine.pt2e.simulation import simulated
 from qviz.errors import ConfigError
@@ -89,6 +90,9 @@ class VariantScorer:
         with torch.no_grad():
             self.float_outputs = [call_model(float_gm, b, n) for n, b in self.batches]
         self.float_metric: float | None = None
+        #: the dequantized weights of the variants scored so far, by their exact integers and
+        #: qparams: a weight no variant changed is dequantized once per scorer
+        self._weights = ContentMemo(size=4096)
 
     def score_float(self) -> None:
         """The float model's own metric, over every rank (a collective: after the setup).
@@ -106,7 +110,7 @@ class VariantScorer:
         float model against itself)."""
         totals = OutputTotals.for_metric(self.metric)
         if isinstance(model, GraphModule):  # the converted model's outputs, bit for bit, faster
-            model = simulated(model)
+            model = simulated(model, constants=self._weights)
         with torch.no_grad():
             for (name, bound), ref in zip(self.batches, self.float_outputs, strict=True):
                 out = ref if model is None else call_model(model, bound, name)

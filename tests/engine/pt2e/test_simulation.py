@@ -115,6 +115,35 @@ def test_simulation_gives_the_converted_outputs_bit_for_bit(case):
         assert fake_quantize in targets and model_stage(fast) is Stage.FLOAT
 
 
+def test_variants_share_the_weights_they_have_in_common_and_stay_exact():
+    """Simulations given one ``constants`` memo dequantize a weight two variants share once
+    (the same float tensor); each still gives its converted model's outputs bit for bit."""
+    from qviz.engine.graph.memo import ContentMemo
+    from qviz.numeric import fallback
+
+    model, batches, _ = _cases()["digits per channel"]
+    gm = qviz.export(model, (batches[0],), dynamic_batch=True)
+
+    def converted(quantizer):
+        prepared = qviz.calibrate(qviz.prepare_pt2e(gm, quantizer), batches, progress=False)
+        return qviz.convert_pt2e(prepared)
+
+    full, variant = converted(xnnpack()), converted(fallback(xnnpack(), "conv2d_1"))
+    memo = ContentMemo()
+    a, b = simulated(full, constants=memo), simulated(variant, constants=memo)
+    for fast, reference in ((a, full), (b, variant)):
+        with torch.no_grad():
+            for x in batches:
+                assert torch.equal(_bits(fast(x)), _bits(reference(x)))
+
+    def weights(fast):
+        return {id(v) for k, v in fast.named_buffers() if k.startswith("_simulated_constant")}
+
+    shared = weights(a) & weights(b)
+    assert len(memo) == len(weights(a) | weights(b))  # each distinct weight dequantized once
+    assert 0 < len(shared) < len(weights(a))  # all but the fallen-back layer's
+
+
 def test_simulation_refuses_what_is_not_a_graph_module():
     with pytest.raises(qviz.QvizError, match="simulated\\(\\) needs the graph module"):
         simulated(nn.Linear(2, 2))

@@ -230,7 +230,7 @@ def test_a_layer_learned_from_the_same_content_takes_the_integers_it_chose(monke
     import copy
     import sys
 
-    from qviz.engine.repair.memo import RECENT_ROUNDINGS
+    from qviz.engine.repair.adaround import RECENT_ROUNDINGS
 
     module = sys.modules["qviz.engine.repair.adaround"]  # the package's name is the function
 

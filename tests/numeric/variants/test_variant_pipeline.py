@@ -139,5 +139,5 @@ def test_scores_of_the_simulation_are_the_converted_models_scores(monkeypatch):
                            progress=False)  # fmt: skip
 
     simulated = frame()
-    monkeypatch.setattr(variants, "simulated", lambda model: model)  # the converted models
+    monkeypatch.setattr(variants, "simulated", lambda model, **_: model)  # the converted models
     pd.testing.assert_frame_equal(simulated, frame(), check_exact=True)

@@ -3,10 +3,11 @@ changing something else computes only what changed.
 
 :class:`ContentDigest` digests values (a tensor by its dtype, shape and bytes, anything else by
 its ``repr``); :class:`ContentMemo` keeps results by such a digest, the most recently used
-first. AdaRound keeps each layer's learned rounding in :data:`RECENT_ROUNDINGS` (a
-``RepairSession`` that rebuilds after a quantizer change learns again only the layers whose
-inputs, weights or grid changed), and diagnose keeps its remedy estimates the same way
-(:mod:`qviz.numeric.diagnose.memo`).
+first. AdaRound keeps each layer's learned rounding so (``RECENT_ROUNDINGS`` of
+``qviz.engine.repair.adaround``: a ``RepairSession`` that rebuilds after a quantizer change
+learns again only the layers whose inputs, weights or grid changed), a simulation its
+dequantized weights (the ``constants`` of ``qviz.engine.pt2e.simulation.simulated``), and
+diagnose its remedy estimates (``qviz.numeric.diagnose.memo``).
 
 Example:
     >>> import torch
@@ -90,9 +91,3 @@ class ContentMemo:
     def clear(self) -> None:
         """Forget every result."""
         self._kept.clear()
-
-
-#: Each layer's learned rounding by what it was learned from (see
-#: :func:`qviz.engine.repair.adaround`): the chosen integers are the size of the layer's int
-#: weight, so 256 layers of a few-MB model are a few MB.
-RECENT_ROUNDINGS = ContentMemo(size=256)
