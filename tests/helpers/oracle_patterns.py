@@ -64,11 +64,11 @@ def _callable_key(pattern: Any) -> Hashable:
     return _function_key(pattern)
 
 
-def _pattern_key(pattern: Callable, example_inputs: tuple, is_cuda: bool, kwargs: dict) -> Hashable:
+def _pattern_key(pattern: Callable, example_inputs: tuple, args: tuple, kwargs: dict) -> Hashable:
     return (
         _callable_key(pattern),
         _value_key(tuple(example_inputs)),
-        is_cuda,
+        _value_key(args),
         tuple(sorted((k, _value_key(v)) for k, v in kwargs.items())),
     )
 
@@ -80,15 +80,15 @@ class PatternMemo:
         self.trace = trace
         self.graphs: dict[Hashable, Any] = {}
 
-    def __call__(
-        self, pattern: Callable, example_inputs: tuple, is_cuda: bool = False, **kwargs: Any
-    ) -> Any:
+    def __call__(self, pattern: Callable, example_inputs: tuple, *args: Any, **kwargs: Any) -> Any:
+        """torchao's own arguments, passed through (``is_cuda`` and whatever a later torchao
+        adds are part of the key)."""
         try:
-            key = _pattern_key(pattern, example_inputs, is_cuda, kwargs)
+            key = _pattern_key(pattern, example_inputs, args, kwargs)
         except (TypeError, ValueError):  # unhashable or not a function: trace every time
-            return self.trace(pattern, example_inputs, is_cuda, **kwargs)
+            return self.trace(pattern, example_inputs, *args, **kwargs)
         if key not in self.graphs:
-            self.graphs[key] = self.trace(pattern, example_inputs, is_cuda, **kwargs)
+            self.graphs[key] = self.trace(pattern, example_inputs, *args, **kwargs)
         return copy.deepcopy(self.graphs[key])
 
 
@@ -102,14 +102,20 @@ NAME = "_get_aten_graph_module_for_pattern"
 
 
 def install(monkeypatch: Any) -> PatternMemo | None:
-    """Route every torchao module's pattern tracing through one memo; None without torchao."""
+    """Route every torchao module's pattern tracing through one memo; None where this torchao
+    has no such function (not installed, or another layout): the tests then trace as torchao
+    does, only slower."""
     import importlib
 
-    try:
-        modules = [importlib.import_module(m) for m in TRACING_MODULES]
-    except ImportError:
+    modules = []
+    for name in TRACING_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    original = getattr(modules[0], NAME, None) if modules else None
+    if not callable(original):
         return None
-    original = getattr(modules[0], NAME)
     memo = PatternMemo(original)
     for module in modules:
         if getattr(module, NAME, None) is original:
