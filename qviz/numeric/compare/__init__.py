@@ -2,7 +2,8 @@
 
 :func:`~qviz.numeric.compare.compare.compare` (pt2e graphs) and
 :func:`~qviz.numeric.compare.modules.compare_modules` (quant_nn modules) measure every quantized
-operator's own and inherited error into a :class:`~qviz.numeric.compare.report.NumericReport`;
+operator's own and inherited error into a :class:`~qviz.numeric.compare.report.NumericReport`
+(the float and quantized runs it makes per batch: :mod:`~qviz.numeric.compare.runs`);
 :mod:`~qviz.numeric.compare.detail` looks inside one layer, :mod:`~qviz.numeric.compare.calibration`
 compares calibrators on it. The report's notebook view is :mod:`~qviz.numeric.compare.view`, its
 plots :mod:`~qviz.numeric.compare.plots`. Builds on :mod:`qviz.numeric.measure` only.

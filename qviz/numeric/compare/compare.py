@@ -48,224 +48,38 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
 from qviz.engine import distributed
-from qviz.engine.compat import OpOverload, quantized_decomposed
+from qviz.engine.compat import quantized_decomposed
 from qviz.engine.graph.debug_handles import assign_handles, float_handle, handle
 from qviz.engine.graph.fingerprint import check_lineage
 from qviz.engine.graph.inputs import batches_of, bind_batch, check_finite
 from qviz.engine.graph.node_data import op_name
-from qviz.engine.graph.qdq_ops import dequantize_ops, quantize_ops
 from qviz.engine.graph.stage import Stage, check_stage, model_stage
 from qviz.engine.pt2e.passes.bn_fold import fused_conv_bn_params
 from qviz.engine.pt2e.plan import plan_of
-from qviz.engine.pt2e.simulation import fake_quantize, fusable
 from qviz.errors import ConfigError
 from qviz.numeric.compare.modules import compare_modules
 from qviz.numeric.compare.report import NumericReport
+from qviz.numeric.compare.runs import (
+    FloatRun,
+    QuantRun,
+    Row,
+    changes_values,
+    fusable_quantizes,
+    output_probe,
+    qdq_ops,
+)
 from qviz.numeric.measure.batches import batch_size, check_metric, metric_value
 from qviz.numeric.measure.slices import SliceStats
 from qviz.numeric.measure.streaming import GridStats, PairStats
 from qviz.numeric.measure.totals import OutputTotals, single
-
-
-def qdq_ops() -> tuple[set[Any], set[Any]]:
-    """The quantize ops and the dequantize ops of converted graphs
-    (:mod:`qviz.engine.graph.qdq_ops`)."""
-    return set(quantize_ops()), set(dequantize_ops())
-
-
-@dataclass(kw_only=True)
-class _Row:
-    """What is measured for one operator of the quantized model."""
-
-    node: Node
-    ref: int  # the float handle compared with
-    probe: Node  # the node whose value the next operator sees
-    grid_q: Node | None  # the output's quantize op (per tensor), if any
-    cumulative: PairStats = field(default_factory=PairStats)
-    local: PairStats | None = field(default_factory=PairStats)
-    grid: GridStats | None = None
-    weight_sqnr: float = math.nan
-    slices: SliceStats = field(default_factory=SliceStats)  # of the local comparison
-
-
-class _FloatRun(Interpreter):
-    """Runs the float model, keeping a copy of each wanted operator's output."""
-
-    def __init__(
-        self, gm: GraphModule, handles: dict[Node, int], wanted: set[int], copy: bool = True
-    ) -> None:
-        super().__init__(gm)
-        self.handles, self.wanted, self.copy = handles, wanted, copy
-        self.outputs: dict[int, torch.Tensor] = {}
-
-    def run_node(self, n: Node) -> Any:
-        result = super().run_node(n)
-        h = self.handles.get(n)
-        if h in self.wanted and isinstance(result, torch.Tensor):
-            self.outputs[h] = result.detach().clone() if self.copy else result.detach()
-        return result
-
-
-def changes_values(gm: GraphModule) -> bool:
-    """Whether running ``gm`` may change a value after it was made: an operator that writes
-    into an input (``relu_``, ``add_``: its schema is mutable), a module or method call, or
-    a Python function other than ``operator``'s (unknown: assumed to). An exported functional
-    graph has none, so the outputs compare keeps need no copy.
-
-    Example:
-        >>> import torch, qviz
-        >>> gm = qviz.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval(),
-        ...                  (torch.randn(2, 4),))
-        >>> changes_values(gm)
-        False
-    """
-    for n in gm.graph.nodes:
-        if n.op == "call_module" and n.target == "_guards_fn":  # export's input-shape guards
-            continue
-        if n.op in ("call_module", "call_method"):
-            return True
-        if n.op != "call_function":
-            continue
-        schema = getattr(n.target, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return True
-        if schema is None and not _operator_function(n.target):
-            return True
-    return False
-
-
-def _operator_function(target: Any) -> bool:
-    """A function of Python's ``operator`` module that makes a new value (``getitem``, ``mul``
-    on sizes), not an in-place one (``iadd``)."""
-    name = getattr(target, "__name__", "")
-    return getattr(target, "__module__", None) == "_operator" and not name.startswith("i")
-
-
-class _QuantRun(Interpreter):
-    """Runs the quantized model and measures every row as its operator and probe execute."""
-
-    def __init__(
-        self, gm: GraphModule, rows: list[_Row], floats: dict[int, torch.Tensor],
-        fused: set[Node] | None = None,
-    ) -> None:  # fmt: skip
-        super().__init__(gm)
-        self.floats = floats
-        self.by_node = {r.node: r for r in rows}
-        self.by_probe: dict[Node, list[_Row]] = {}
-        for r in rows:
-            self.by_probe.setdefault(r.probe, []).append(r)
-        self.quantize_ops, self.dequantize_ops = qdq_ops()
-        #: quantize nodes computed with their dequantizes as one exact fake_quantize
-        self.fused = fusable_quantizes(gm) if fused is None else fused
-
-    def run_node(self, n: Node) -> Any:
-        row = self.by_node.get(n)
-        if row is not None and row.local is not None:
-            self._local(row)
-        if n in self.fused:  # its value: the dequantized one, which its dequantizes return
-            result = fake_quantize(self.env[n.args[0]], *n.args[1:])
-        elif n.op == "call_function" and n.args and n.args[0] in self.fused:
-            value = self.env[n.args[0]]  # a dequantize of a fused quantize
-            result = value if len(n.args[0].users) == 1 else value.clone()
-        else:
-            result = super().run_node(n)
-        for r in self.by_probe.get(n, ()):
-            ref = self.floats.get(r.ref)
-            if ref is not None and isinstance(result, torch.Tensor):
-                r.cumulative.update(ref, result)
-                if r.grid is not None:
-                    r.grid.update(ref)
-        return result
-
-    # -- local error ----------------------------------------------------------------------
-    def _value(self, arg: Node) -> Any:
-        if arg.op == "get_attr":
-            return self.fetch_attr(str(arg.target))
-        if arg in self.env:
-            return self.env[arg]
-        raise LookupError(arg.name)
-
-    def _replay(self, chain: list[Node], value: torch.Tensor) -> torch.Tensor:
-        """``chain`` (nearest last) applied to ``value``; a fused quantize and its dequantize
-        as one exact fake_quantize."""
-        steps = list(reversed(chain))
-        for i, q in enumerate(steps):
-            if i and steps[i - 1] in self.fused:
-                continue  # the dequantize of the step before, computed with it
-            if q in self.fused and i + 1 < len(steps):
-                value = fake_quantize(value, *q.args[1:])
-                continue
-            rest = map_arg(q.args[1:], self._value)
-            value = q.target(value, *rest, **map_arg(q.kwargs, self._value))
-        return value
-
-    def _local_input(self, arg: Node, mutable: bool) -> Any:
-        chain, src = [], arg
-        while src.op == "call_function" and src.target in self.quantize_ops | self.dequantize_ops:
-            chain.append(src)
-            src = src.args[0]
-        ref = float_handle(src) if src.op == "call_function" else None
-        base = self.floats.get(ref) if ref is not None else None
-        if base is None:  # a weight, a model input, or an operator without a float twin
-            value = self.env[arg]
-            return value.clone() if mutable and isinstance(value, torch.Tensor) else value
-        return self._replay(chain, base.clone() if mutable or not chain else base)
-
-    def _local(self, row: _Row) -> None:
-        n = row.node
-        ref = self.floats.get(row.ref)
-        if ref is None:
-            return
-        mutable = isinstance(n.target, OpOverload) and n.target._schema.is_mutable
-        try:
-            args = map_arg(n.args, lambda a: self._local_input(a, mutable))
-            kwargs = map_arg(n.kwargs, lambda a: self._local_input(a, mutable))
-            out = n.target(*args, **kwargs)
-            if row.probe is not n:
-                out = self._replay(_chain_to(row.probe, n), out)
-        except LookupError:  # a value this operator needs is gone: no local figure
-            row.local = None
-            return
-        row.local.update(ref, out)
-        if isinstance(out, torch.Tensor):
-            row.slices.update(ref, out)
-
-
-def fusable_quantizes(gm: GraphModule) -> set[Node]:
-    """The quantize nodes of ``gm`` that compare computes together with their dequantizes as
-    one :func:`~qviz.engine.pt2e.simulation.fake_quantize` (the same values, bit for bit)."""
-    return {n for n in gm.graph.nodes if fusable(n)}
-
-
-def _chain_to(probe: Node, start: Node) -> list[Node]:
-    """The q/dq nodes from ``start`` (excluded) to ``probe`` (included), nearest last."""
-    chain, node = [], probe
-    while node is not start:
-        chain.append(node)
-        node = node.args[0]
-    return chain
-
-
-def output_probe(
-    n: Node, quantize_ops: set[Any] | None = None, dequantize_ops: set[Any] | None = None
-) -> tuple[Node, Node | None]:
-    """The node after ``n``'s output quantize/dequantize (``n`` itself if none), and the q op:
-    the value the next operator sees, where the cumulative error is measured."""
-    if quantize_ops is None or dequantize_ops is None:
-        quantize_ops, dequantize_ops = qdq_ops()
-    q = next((u for u in n.users if u.target in quantize_ops), None)
-    if q is None:
-        return n, None
-    dq = next((u for u in q.users if u.target in dequantize_ops), None)
-    return (dq, q) if dq is not None else (n, None)
 
 
 def _plan_ops(model: GraphModule) -> list[str]:
@@ -298,7 +112,7 @@ def float_graph_of(float_model: Any, example: tuple[Any, ...]) -> GraphModule:
     )
 
 
-def _check_match(row: _Row, float_nodes: dict[int, Node]) -> None:
+def _check_match(row: Row, float_nodes: dict[int, Node]) -> None:
     twin = float_nodes.get(row.ref)
     n = row.node
     if twin is None:
@@ -314,7 +128,7 @@ def _check_match(row: _Row, float_nodes: dict[int, Node]) -> None:
         )
 
 
-def _weight_sqnr(row: _Row, fgm: GraphModule, qgm: GraphModule, twin: Node) -> float:
+def _weight_sqnr(row: Row, fgm: GraphModule, qgm: GraphModule, twin: Node) -> float:
     """SQNR of the dequantized weight against the float weight (BatchNorm folded in if it was)."""
     n = row.node
     if len(n.args) < 2 or not isinstance(n.args[1], Node) or not isinstance(twin.args[1], Node):
@@ -367,7 +181,7 @@ def _required(value: Any, node: Node) -> Any:
     return value
 
 
-def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
+def _rows(qgm: GraphModule, fgm: GraphModule) -> list[Row]:
     quantize_ops, dequantize_ops = qdq_ops()
     planned = set(_plan_ops(qgm))
     float_nodes = {handle(n): n for n in fgm.graph.nodes if handle(n) is not None}
@@ -376,7 +190,7 @@ def _rows(qgm: GraphModule, fgm: GraphModule) -> list[_Row]:
         if n.name not in planned or n.op != "call_function" or float_handle(n) is None:
             continue
         probe, q = output_probe(n, quantize_ops, dequantize_ops)
-        row = _Row(node=n, ref=float_handle(n), probe=probe, grid_q=q)
+        row = Row(node=n, ref=float_handle(n), probe=probe, grid_q=q)
         row.slices.channels_first = "conv" in op_name(n)
         _check_match(row, float_nodes)
         if q is not None and q.target == quantized_decomposed().quantize_per_tensor.default:
@@ -453,7 +267,7 @@ def compare(
             float_model, quantized_model, data, metric=metric, progress=progress, group=group
         )
 
-    def work(shard: distributed.Shard) -> tuple[list[_Row], _Measured]:
+    def work(shard: distributed.Shard) -> tuple[list[Row], _Measured]:
         _check_models(float_model, quantized_model)
         check_metric(metric)
         return _measure_shard(float_model, quantized_model, data, metric, progress, shard)
@@ -466,17 +280,21 @@ def compare(
     return _report(rows, measured).measured(quantized_model, float_model)
 
 
-def _check_models(float_model: Any, quantized_model: Any) -> Stage:
-    """The stages compare takes, checked before either model runs: the quantized model's."""
-    where = "compare"
-    stage = check_stage(quantized_model, (Stage.CONVERTED, Stage.QUANT_NN), where=where,
-                        arg="quantized_model")  # fmt: skip
+def _check_models(
+    float_model: Any,
+    quantized_model: Any,
+    where: str = "compare",
+    arg: str = "quantized_model",
+    stages: tuple[Stage, ...] = (Stage.CONVERTED, Stage.QUANT_NN),
+) -> Stage:
+    """The stages ``where`` takes, checked before either model runs: the quantized model's."""
+    stage = check_stage(quantized_model, stages, where=where, arg=arg)
     check_stage(float_model, Stage.FLOAT, where=where, arg="float_model")
     check_lineage(float_model, quantized_model, where)  # another model's float: refused
     return stage
 
 
-def _needed(rows: list[_Row]) -> set[int]:
+def _needed(rows: list[Row]) -> set[int]:
     """Float handles to keep: each row's reference and the producers of its inputs."""
     quantize_ops, dequantize_ops = qdq_ops()
     qdq = quantize_ops | dequantize_ops
@@ -517,7 +335,7 @@ class _Measured:
         self.totals.merge(other.totals)
 
 
-def _report(rows: list[_Row], measured: _Measured) -> NumericReport:
+def _report(rows: list[Row], measured: _Measured) -> NumericReport:
     return NumericReport.from_rows(rows, **measured.totals.figures())
 
 
@@ -569,10 +387,8 @@ def compare_each(
     if not models:
         raise ConfigError("compare_each needs at least one quantized model")
     for index, model in enumerate(models):
-        check_stage(model, Stage.CONVERTED, where="compare_each", arg=f"quantized_models[{index}]")
-    check_stage(float_model, Stage.FLOAT, where="compare_each", arg="float_model")
-    for model in models:
-        check_lineage(float_model, model, "compare_each")
+        _check_models(float_model, model, "compare_each", f"quantized_models[{index}]",
+                      (Stage.CONVERTED,))  # fmt: skip
     check_metric(metric)
     batches = iter(batches_of(data, "compare_each"))
     first = next(batches, None)
@@ -590,7 +406,7 @@ def compare_each(
 
 def _measure_shard(
     float_model: Any, qgm: Any, data: Any, metric: Any, progress: bool, shard: distributed.Shard
-) -> tuple[list[_Row], _Measured]:
+) -> tuple[list[Row], _Measured]:
     """This process's rows and what it measured on its batches (an empty shard is fine when
     distributed and ``float_model`` is the exported graph; alone, no data is an error)."""
     batches = iter(batches_of(data, "compare"))
@@ -625,11 +441,11 @@ def _measure(fgm, models, batches, metric, progress) -> list[_Measured]:
             where = f"compare: batch {index}"
             check_finite(batch, where)  # a NaN input is named, not measured
             bound = bind_batch(models[0][0], batch, where)
-            float_run = _FloatRun(fgm, float_handles, wanted, copy_outputs)
+            float_run = FloatRun(fgm, float_handles, wanted, copy_outputs)
             float_out = float_run.run(*bound.args)
             size = batch_size(bound.args)
             for (qgm, rows), total, exact in zip(models, totals, fused, strict=True):
-                quant_out = _QuantRun(qgm, rows, float_run.outputs, exact).run(*bound.args)
+                quant_out = QuantRun(qgm, rows, float_run.outputs, exact).run(*bound.args)
                 value = metric_value(metric, single(float_out), single(quant_out), bound.target,
                                      where)  # fmt: skip
                 total.add(float_out, quant_out, size, value, where)

@@ -29,7 +29,7 @@ from qviz.engine.graph.inputs import bind_batch
 from qviz.engine.graph.stage import Stage, check_stage
 from qviz.engine.pt2e.plan import plan_of
 from qviz.errors import ConfigError, closest_names
-from qviz.numeric.compare.compare import output_probe
+from qviz.numeric.compare.runs import output_probe
 from qviz.numeric.measure.metrics import sqnr
 
 #: Values kept for the scatter (a seeded random subsample).

@@ -306,7 +306,7 @@ class DashboardView:
         """The table row a graph click stands for: an edge's consumer (or producer); for a
         quantize/dequantize node, the operator whose output it quantizes, or else (a weight's)
         the operator it feeds; otherwise the name itself."""
-        from qviz.numeric.compare.compare import qdq_ops
+        from qviz.numeric.compare.runs import qdq_ops
 
         quantize, dequantize = qdq_ops()
 

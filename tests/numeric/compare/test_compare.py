@@ -125,8 +125,8 @@ def test_compare_each_runs_the_float_model_once_per_batch_and_equals_compare(
     per_tensor = qviz.convert_pt2e(calibrated)
     alone = compare(gm, per_tensor, test, metric=accuracy, progress=False)
     runs = []
-    real_run = compare_module._FloatRun.run
-    monkeypatch.setattr(compare_module._FloatRun, "run",
+    real_run = compare_module.FloatRun.run
+    monkeypatch.setattr(compare_module.FloatRun, "run",
                         lambda self, *a: runs.append(1) or real_run(self, *a))  # fmt: skip
     both = compare_each(gm, [quantized, per_tensor], test, metric=accuracy, progress=False)
     assert len(runs) == len(test)  # not once per batch and model
